@@ -1,0 +1,66 @@
+"""The op set a model may call, and the flat batch every forward pass takes.
+
+Models call only these ops (through a backend module such as `edged.backends.cpu`), so the CPU and
+CUDA backends are interchangeable per layer. Shapes use numpy order; all activations are float32.
+
+    matmul(w: QTensor, x [n, k]) -> [n, m]          y = x @ W.T, W stored as GGUF blocks
+    embed(w: QTensor, ids int32 [n]) -> [n, k]      row gather + dequantize
+    rms_norm(x [n, d], weight [d], eps) -> [n, d]   (q/k norms: x reshaped to [n*heads, head_dim])
+    rope(x [n, heads, hd], positions int32 [n], rope: RopeParams) -> [n, heads, hd]
+    gelu_tanh_mul(gate [n, f], up [n, f]) -> [n, f];  silu_mul(gate, up) -> [n, f]
+    store_kv(kv: LayerKV, k [n, kvh, hd], v [n, kvh, hd], slot_mapping int32 [n]) -> None
+    attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap) -> [n, h, hd]
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class RopeParams:
+    """Rotary embedding of the first `dim` features of each head."""
+
+    dim: int
+    freq_base: float
+    neox: bool  # True: rotate pairs (i, i + dim/2) (Gemma, Qwen, Phi-3); False: pairs (2i, 2i+1) (Llama)
+    freq_scale: float = 1.0  # linear scaling: positions multiplied by this
+    freq_factors: np.ndarray | None = None  # float32 [dim/2]: per-frequency divisors (Llama 3 rope_freqs)
+
+
+@dataclass
+class Batch:
+    """One engine step, flattened: the tokens of each sequence are contiguous.
+
+    Sequence s owns tokens seq_starts[s]:seq_starts[s+1]; after this step its context holds
+    seq_lens[s] tokens whose KV lives in blocks block_tables[s, :ceil(seq_lens[s]/block_size)].
+    """
+
+    token_ids: np.ndarray  # int32 [n_tokens]
+    positions: np.ndarray  # int32 [n_tokens]: position of each token in its sequence
+    seq_starts: np.ndarray  # int32 [n_seqs + 1]
+    seq_lens: np.ndarray  # int32 [n_seqs]: context length after this step
+    block_tables: np.ndarray  # int32 [n_seqs, max_blocks_per_seq] (unused entries -1)
+    slot_mapping: np.ndarray  # int32 [n_tokens]: block_id * block_size + offset where KV is written
+    logits_indices: np.ndarray  # int32 [n_out]: rows of the batch whose logits are returned
+    block_size: int = 16
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+@dataclass
+class LayerKV:
+    """One layer's paged KV cache, indexed by block id."""
+
+    k: np.ndarray  # float32 [num_blocks, block_size, n_kv_heads, head_dim]
+    v: np.ndarray  # float32 [num_blocks, block_size, n_kv_heads, head_dim]
+
+    @property
+    def block_size(self) -> int:
+        return int(self.k.shape[1])

@@ -1,0 +1,29 @@
+"""`edged` command line: one click group; each command lives in its own module here."""
+
+import importlib
+
+import click
+
+# command name -> module under edged.cli defining a click command called `command`
+_COMMANDS = {
+    "info": "info",
+}
+
+
+class _LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (keeps `edged --help` fast)."""
+
+    def list_commands(self, ctx):
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx, name):
+        mod = _COMMANDS.get(name)
+        if mod is None:
+            return None
+        return importlib.import_module(f"edged.cli.{mod}").command
+
+
+@click.group(cls=_LazyGroup)
+@click.version_option(package_name="edged")
+def main():
+    """edged: local LLM inference daemon for GGUF models."""
