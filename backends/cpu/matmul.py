@@ -1,0 +1,109 @@
+"""CPU quantized matmul: one dispatch table from GGUF type to Numba kernels.
+
+Public API
+    matmul(w: QTensor, x float32 [n, k], *, qx=None, out=None) -> y float32 [n, m]
+        y = x @ W.T where W is w dequantized [m, k]; any n >= 1 (decode n=1, prefill/batches 512+).
+        For types whose traits().act_format == "q8_32", x is quantized ONCE per call with
+        backends/cpu/act_quant.quantize_activations (or pass qx = quantize_activations(x) to share
+        it between several matmuls of the same x, e.g. the q/k/v projections).
+    check_supported(qtype) -> None        raises ValueError naming the type if no kernel exists
+    supported_types() -> tuple            types with kernels, in TYPE_TRAITS order
+    kernels_for(qtype) -> (gemv, gemm)     the two Numba kernels of a type (for inspect_asm, benches)
+
+Kernel-module contract
+    Each kernel module (matmul_float.py, matmul_legacy.py, matmul_kquants.py) exports
+    `KERNELS: dict[GGMLQuantizationType, tuple[gemv, gemm]]`, both with the same signature:
+      act_format "q8_32":  f(w_rows uint8 [m, row_bytes], xq int8 [n, k], xd float32 [n, k/32],
+                             xs int32 [n, k/32], y float32 [n, m]) -> None   (writes every y[t, r])
+      act_format "f32":    f(w_rows uint8 [m, row_bytes], x float32 [n, k], y float32 [n, m]) -> None
+    All arrays are C-contiguous. gemv is called for n <= GEMV_MAX_N (decode), gemm (weight blocks
+    read once per tile of tokens) for larger n. Kernels may assume valid shapes: this module checks.
+"""
+
+import numpy as np
+
+from edged.backends.cpu.act_quant import quantize_activations
+from edged.quant.tensor import QTensor
+from edged.quant.types import TYPE_TRAITS, traits
+
+from edged.backends.cpu import matmul_float, matmul_legacy
+
+try:  # written by another helper in parallel; unguard once it has landed
+    from edged.backends.cpu import matmul_kquants
+except ImportError:  # pragma: no cover - transitional
+    matmul_kquants = None
+
+# n at or below which the gemv kernel is used (the gemm tile needs a few tokens to pay off).
+GEMV_MAX_N = 1
+
+
+def _merge_tables():
+    table = {}
+    for mod in (matmul_float, matmul_legacy, matmul_kquants):
+        if mod is None:
+            continue
+        for qtype, pair in mod.KERNELS.items():
+            if qtype in table:
+                raise RuntimeError(f"two kernel modules claim {qtype.name}")
+            table[qtype] = pair
+    return table
+
+
+_KERNELS = _merge_tables()
+
+
+def supported_types() -> tuple:
+    """Types that have a matmul kernel, in TYPE_TRAITS order."""
+    return tuple(t for t in TYPE_TRAITS if t in _KERNELS)
+
+
+def check_supported(qtype) -> None:
+    """Raise ValueError (naming the type) unless matmul has a kernel for `qtype`; call at load time."""
+    tt = traits(qtype)  # ValueError for types edged does not know at all
+    if tt.qtype not in _KERNELS:
+        names = ", ".join(t.name for t in supported_types())
+        raise ValueError(f"no CPU matmul kernel for tensor type {tt.qtype.name}; supported: {names}")
+
+
+def kernels_for(qtype):
+    """(gemv, gemm) Numba dispatchers for `qtype` (ValueError if unsupported)."""
+    check_supported(qtype)
+    return _KERNELS[traits(qtype).qtype]
+
+
+def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None) -> np.ndarray:
+    """y float32 [n, m] = x @ W.T for a GGUF weight w [m, k] and float32 activations x [n, k].
+
+    qx: optional (xq, xd, xs) = quantize_activations(x), reused instead of quantizing again.
+    out: optional float32 C-contiguous [n, m] buffer to write into (returned).
+    """
+    if not isinstance(w, QTensor):
+        raise TypeError(f"matmul weight must be a QTensor, got {type(w).__name__}")
+    if len(w.shape) != 2:
+        raise ValueError(f"matmul weight {w.name!r} must be 2-D, got shape {w.shape}")
+    gemv, gemm = kernels_for(w.qtype)
+    m, k = w.shape
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise ValueError(f"matmul activations must be float32, got {x.dtype}")
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"matmul {w.name!r} [{m}, {k}] needs x of shape [n, {k}], got {x.shape}")
+    n = x.shape[0]
+    if out is None:
+        out = np.empty((n, m), dtype=np.float32)  # [n, m]
+    elif out.shape != (n, m) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 [{n}, {m}], got {out.dtype} {out.shape}")
+    if n == 0:
+        return out
+    rows = w.rows()  # uint8 [m, row_bytes]
+    kern = gemv if n <= GEMV_MAX_N else gemm
+    if traits(w.qtype).act_format == "q8_32":
+        if qx is None:
+            qx = quantize_activations(x)
+        xq, xd, xs = qx
+        if xq.shape != (n, k) or xd.shape != (n, k // 32) or xs.shape != (n, k // 32):
+            raise ValueError(f"qx shapes {xq.shape}, {xd.shape}, {xs.shape} do not match x {x.shape}")
+        kern(rows, xq, xd, xs, out)
+    else:
+        kern(rows, np.ascontiguousarray(x), out)
+    return out

@@ -1,0 +1,3 @@
+"""Placeholder: kernels land in the next commit (see backends/cpu/matmul.py for the contract)."""
+
+KERNELS = {}
