@@ -1,0 +1,57 @@
+"""A generation request as the scheduler sees it: token ids and how many have KV computed."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """Prompt plus generated ids in one list; `num_computed_tokens` of them have KV in the pool.
+
+    Prefill and decode are the same thing here: each step computes some of the uncomputed tokens.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: Any = None  # edged.sampling.SamplingParams (opaque to the scheduler)
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: Status = Status.WAITING
+    arrival_time: float = field(default_factory=time.monotonic)
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+
+    def __post_init__(self):
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids) :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_ids) + self.max_tokens

@@ -1,0 +1,131 @@
+"""Continuous-batching scheduler: one token budget per step shared by decodes and prefill chunks.
+
+As in vLLM v1 there are no prefill and decode phases: every request just has uncomputed tokens.
+Running requests go first (a decode is one token), then waiting requests fill what budget is left
+with prefill chunks. When the pool runs dry the most recently admitted request is preempted by
+recompute: its blocks are freed and it waits at the front of the queue with its tokens intact.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from edged.engine.request import Request, Status
+from edged.kv.manager import KVCacheManager
+
+
+class AdmissionError(ValueError):
+    """A request can never be served by this pool (e.g. prompt + max_tokens exceed its capacity)."""
+
+
+@dataclass
+class ScheduledStep:
+    """What one step computes: (request, number of new tokens) in batch order."""
+
+    items: list[tuple[Request, int]]
+    preempted: list[Request]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_batch_tokens: int = 512, max_seqs: int = 16,
+                 max_model_len: int | None = None):
+        if max_batch_tokens < 1 or max_seqs < 1:
+            raise ValueError("max_batch_tokens and max_seqs must be >= 1")
+        self.kv = kv
+        self.max_batch_tokens = max_batch_tokens
+        self.max_seqs = max_seqs
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order
+        self.num_preemptions = 0
+
+    # -- queue management --------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Queue a request; reject at once one that could never fit."""
+        capacity = self.kv.pool.num_blocks * self.kv.block_size
+        limit = min(capacity, self.max_model_len or capacity)
+        if req.num_prompt_tokens < 1:
+            raise AdmissionError("the prompt is empty")
+        if req.max_total_tokens > limit:
+            raise AdmissionError(
+                f"prompt ({req.num_prompt_tokens} tokens) + max_tokens ({req.max_tokens}) = "
+                f"{req.max_total_tokens} exceeds the {'context' if limit < capacity else 'KV pool'} "
+                f"capacity of {limit} tokens")
+        self.waiting.append(req)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Mark a request finished (or aborted) and free its blocks at once."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        elif req.status is Status.WAITING:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        self.kv.free(req.request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledStep:
+        budget = self.max_batch_tokens
+        items: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+
+        # 1. running requests, oldest first; make room by preempting the newest
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    n = 0
+                    break
+            if n == 0:
+                break
+            items.append((req, n))
+            budget -= n
+            i += 1
+
+        # 2. waiting requests (preempted ones are at the front), while budget and seats remain
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs and not preempted:
+            req = self.waiting[0]
+            if req.num_computed_tokens == 0 and not self.kv.table(req.request_id):
+                req.num_computed_tokens = self.kv.claim_cached_prefix(req.request_id, req.token_ids)
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
+                self.kv.free(req.request_id)  # hold nothing while waiting; retried next step
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            items.append((req, n))
+            budget -= n
+        return ScheduledStep(items, preempted)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update(self, step: ScheduledStep) -> None:
+        """After the forward pass: advance computed counts and cache the now-full blocks."""
+        for req, n in step.items:
+            req.num_computed_tokens += n
+            self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
