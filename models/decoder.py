@@ -1,0 +1,274 @@
+"""The decoder-only transformer every supported architecture is an instance of.
+
+One layer, parameterized by which tensors exist (llama.cpp's graph builders differ in the same few
+places):
+
+    h = rms_norm(x, attn_norm)
+    q, k, v = h @ Wq, h @ Wk, h @ Wv        (or one fused Wqkv; optional biases)
+    q, k = rms_norm per head (optional q/k norms); rope(q), rope(k)    (per-layer RoPE params)
+    store k, v in the paged cache; o = attention(q, cache, scale, window) @ Wo
+    o = rms_norm(o, post_attn_norm)          (optional: Gemma's sandwich norm)
+    x = x + o
+    h = rms_norm(x, ffn_norm)
+    f = (act(h @ Wgate) * (h @ Wup)) @ Wdown (or one fused Wgate|up)
+    f = rms_norm(f, post_ffn_norm)           (optional)
+    x = x + f
+
+then logits = rms_norm(x, output_norm) @ Woutput (optional final softcap). Each layer calls its ops
+through `layer_ops[i]` and the output projection through `output_ops`, so layers can be placed on
+different backends.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edged.backends.base import Batch, LayerKV, RopeParams
+from edged.models.errors import ModelError
+from edged.models.hparams import HParams
+from edged.quant.tensor import QTensor
+
+
+@dataclass
+class AttentionWeights:
+    """One layer's attention projections: separate q/k/v or one fused qkv (rows q|k|v)."""
+
+    wo: QTensor  # [n_embd, n_heads*head_dim]
+    wq: QTensor | None = None  # [n_heads*head_dim, n_embd]
+    wk: QTensor | None = None  # [n_kv_heads*head_dim, n_embd]
+    wv: QTensor | None = None  # [n_kv_heads*head_dim, n_embd]
+    wqkv: QTensor | None = None  # [(n_heads + 2*n_kv_heads)*head_dim, n_embd]
+    bq: np.ndarray | None = None  # float32 biases (Qwen2)
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    q_norm: np.ndarray | None = None  # float32 [head_dim] (Gemma 3, Qwen3)
+    k_norm: np.ndarray | None = None
+
+
+@dataclass
+class FeedForwardWeights:
+    """Gated FFN: separate gate and up, or one fused up whose rows are gate|up (Phi-3)."""
+
+    up: QTensor  # [n_ff, n_embd], or [2*n_ff, n_embd] when gate is None
+    down: QTensor  # [n_embd, n_ff]
+    gate: QTensor | None = None  # [n_ff, n_embd]
+
+
+@dataclass
+class LayerWeights:
+    """One transformer block: its weights and its attention geometry."""
+
+    attn_norm: np.ndarray  # float32 [n_embd]
+    attn: AttentionWeights
+    ffn_norm: np.ndarray  # float32 [n_embd]
+    ffn: FeedForwardWeights
+    rope: RopeParams
+    window: int = 0  # sliding-window size, 0 = global attention
+    post_attn_norm: np.ndarray | None = None  # float32 [n_embd]
+    post_ffn_norm: np.ndarray | None = None  # float32 [n_embd]
+
+
+class DecoderModel:
+    """A loaded model: weights (zero-copy QTensors), hyper-parameters and the forward pass.
+
+    Built by an architecture module's `load(gf, ops)`; see the module docstring for the layer.
+    """
+
+    def __init__(
+        self,
+        hparams: HParams,
+        token_embd: QTensor,
+        output_norm: np.ndarray,
+        output: QTensor,
+        layers: list[LayerWeights],
+        ops,
+        *,
+        attn_scale: float,
+        ffn_act: str,
+        embed_scale: float | None = None,
+        final_softcap: float = 0.0,
+    ):
+        if ffn_act not in ("silu", "gelu_tanh"):
+            raise ModelError(f"unknown FFN activation {ffn_act!r}")
+        self.hparams = hparams
+        self.arch = hparams.arch
+        self.token_embd = token_embd
+        self.output_norm = output_norm
+        self.output = output
+        self.layers = layers
+        self.attn_scale = float(attn_scale)
+        self.ffn_act = ffn_act
+        # llama.cpp multiplies the embeddings by a float32 scalar (Gemma: sqrtf(n_embd))
+        self.embed_scale = None if embed_scale is None else np.float32(embed_scale)
+        self.final_softcap = float(final_softcap)
+        self.layer_ops = [ops] * len(layers)
+        self.output_ops = ops
+
+    # --- the model interface the engine uses -------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.hparams.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hparams.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hparams.vocab_size
+
+    @property
+    def context_length(self) -> int:
+        return self.hparams.context_length
+
+    def layer_window(self, i: int) -> int:
+        """Sliding-window size of layer i (0 = global attention)."""
+        return self.layers[i].window
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of float32 K and V one token occupies across all layers."""
+        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
+
+    def allocate_kv(self, num_blocks: int, block_size: int = 16) -> list[LayerKV]:
+        """One paged cache per layer, allocated by that layer's backend."""
+        hp = self.hparams
+        return [ops.allocate_kv(num_blocks, block_size, hp.n_kv_heads, hp.head_dim) for ops in self.layer_ops]
+
+    def forward(self, batch: Batch, kv: list[LayerKV]) -> np.ndarray:
+        """Run one flat batch; returns float32 logits [len(batch.logits_indices), vocab].
+
+        Writes this step's K/V into `kv` at batch.slot_mapping before attending.
+        """
+        if len(kv) != len(self.layers):
+            raise ModelError(f"{len(kv)} KV caches for {len(self.layers)} layers")
+        n = batch.n_tokens
+        idx = batch.logits_indices
+        # rows carried through the last layer's FFN and the output projection (all: perplexity)
+        rows = None if idx.shape[0] == n and np.array_equal(idx, np.arange(n)) else idx
+        x = self.layer_ops[0].embed(self.token_embd, batch.token_ids)  # [n, n_embd]
+        if self.embed_scale is not None:
+            x *= self.embed_scale
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = self._layer(self.layer_ops[i], layer, x, batch, kv[i], rows if i == last else None)
+        ops = self.output_ops
+        x = ops.rms_norm(x, self.output_norm, self.hparams.eps)
+        logits = ops.matmul(self.output, x)  # [n_out, vocab]
+        if self.final_softcap:
+            logits = ops.softcap(logits, self.final_softcap)
+        return logits
+
+    # --- one block -------------------------------------------------------------------------------
+    def _layer(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
+        eps = self.hparams.eps
+        h = ops.rms_norm(x, lw.attn_norm, eps)
+        o = self._attention(ops, lw, h, batch, kv)  # [n, n_heads, head_dim]
+        n = o.shape[0]
+        if rows is not None:  # only these rows matter from here on (logits of the last layer)
+            o, x = o[rows], x[rows]
+            n = o.shape[0]
+        o = ops.matmul(lw.attn.wo, o.reshape(n, -1))  # [n, n_embd]
+        if lw.post_attn_norm is not None:
+            o = ops.rms_norm(o, lw.post_attn_norm, eps)
+        x += o
+        h = ops.rms_norm(x, lw.ffn_norm, eps)
+        f = self._ffn(ops, lw.ffn, h)
+        if lw.post_ffn_norm is not None:
+            f = ops.rms_norm(f, lw.post_ffn_norm, eps)
+        x += f
+        return x
+
+    def _attention(self, ops, lw: LayerWeights, h, batch: Batch, kv: LayerKV):
+        hp = self.hparams
+        a = lw.attn
+        n = h.shape[0]
+        hd, nh, nkv = hp.head_dim, hp.n_heads, hp.n_kv_heads
+        if a.wqkv is not None:
+            qkv = ops.matmul(a.wqkv, h)  # [n, (nh + 2*nkv)*hd]
+            # column slices are strided views: copy so kernels see C-contiguous arrays
+            q = np.ascontiguousarray(qkv[:, : nh * hd])
+            k = np.ascontiguousarray(qkv[:, nh * hd : (nh + nkv) * hd])
+            v = np.ascontiguousarray(qkv[:, (nh + nkv) * hd :])
+        else:
+            q = ops.matmul(a.wq, h)  # [n, nh*hd]
+            k = ops.matmul(a.wk, h)  # [n, nkv*hd]
+            v = ops.matmul(a.wv, h)  # [n, nkv*hd]
+        if a.bq is not None:
+            q += a.bq
+            k += a.bk
+            v += a.bv
+        if a.q_norm is not None:
+            q = ops.rms_norm(q.reshape(n * nh, hd), a.q_norm, hp.eps)
+            k = ops.rms_norm(k.reshape(n * nkv, hd), a.k_norm, hp.eps)
+        q = ops.rope(q.reshape(n, nh, hd), batch.positions, lw.rope)  # [n, nh, hd]
+        k = ops.rope(k.reshape(n, nkv, hd), batch.positions, lw.rope)  # [n, nkv, hd]
+        ops.store_kv(kv, k, v.reshape(n, nkv, hd), batch.slot_mapping)
+        return ops.attention(q, kv, batch, self.attn_scale, lw.window, 0.0)
+
+    def _ffn(self, ops, f: FeedForwardWeights, h):
+        if f.gate is None:
+            gu = ops.matmul(f.up, h)  # [n, 2*n_ff]: gate | up
+            half = gu.shape[1] // 2
+            gate, up = np.ascontiguousarray(gu[:, :half]), np.ascontiguousarray(gu[:, half:])
+        else:
+            gate = ops.matmul(f.gate, h)  # [n, n_ff]
+            up = ops.matmul(f.up, h)  # [n, n_ff]
+        act = ops.gelu_tanh_mul(gate, up) if self.ffn_act == "gelu_tanh" else ops.silu_mul(gate, up)
+        return ops.matmul(f.down, act)  # [n, n_embd]
+
+
+def attention_weights(ts, prefix: str, hp: HParams, *, fused: bool = False, biases: bool = False,
+                      qk_norm: bool = False) -> AttentionWeights:
+    """Look up `<prefix>.attn_*` tensors with the shapes `hp` implies (ModelError otherwise)."""
+    e, hd, nh, nkv = hp.n_embd, hp.head_dim, hp.n_heads, hp.n_kv_heads
+    a = AttentionWeights(wo=ts.get(f"{prefix}.attn_output.weight", (e, nh * hd)))
+    if fused and ts.has(f"{prefix}.attn_qkv.weight"):
+        a.wqkv = ts.get(f"{prefix}.attn_qkv.weight", ((nh + 2 * nkv) * hd, e))
+    else:
+        a.wq = ts.get(f"{prefix}.attn_q.weight", (nh * hd, e))
+        a.wk = ts.get(f"{prefix}.attn_k.weight", (nkv * hd, e))
+        a.wv = ts.get(f"{prefix}.attn_v.weight", (nkv * hd, e))
+    if biases:
+        a.bq = ts.vector(f"{prefix}.attn_q.bias", nh * hd)
+        a.bk = ts.vector(f"{prefix}.attn_k.bias", nkv * hd)
+        a.bv = ts.vector(f"{prefix}.attn_v.bias", nkv * hd)
+    if qk_norm:
+        a.q_norm = ts.vector(f"{prefix}.attn_q_norm.weight", hd)
+        a.k_norm = ts.vector(f"{prefix}.attn_k_norm.weight", hd)
+    return a
+
+
+def ffn_weights(ts, prefix: str, hp: HParams, *, fused_gate_up: bool = False) -> FeedForwardWeights:
+    """Look up `<prefix>.ffn_*` tensors (gate/up separate, or fused gate|up in ffn_up)."""
+    e, ff = hp.n_embd, hp.n_ff
+    down = ts.get(f"{prefix}.ffn_down.weight", (e, ff))
+    if fused_gate_up and not ts.has(f"{prefix}.ffn_gate.weight"):
+        return FeedForwardWeights(up=ts.get(f"{prefix}.ffn_up.weight", (2 * ff, e)), down=down)
+    return FeedForwardWeights(
+        up=ts.get(f"{prefix}.ffn_up.weight", (ff, e)),
+        down=down,
+        gate=ts.get(f"{prefix}.ffn_gate.weight", (ff, e)),
+    )
+
+
+def embeddings_and_output(ts, hp: HParams):
+    """token_embd [vocab, n_embd], output_norm [n_embd] and output (token_embd when tied)."""
+    tok = ts.get("token_embd.weight", (hp.vocab_size, hp.n_embd))
+    norm = ts.vector("output_norm.weight", hp.n_embd)
+    out = ts.optional("output.weight", (hp.vocab_size, hp.n_embd))
+    return tok, norm, (tok if out is None else out)
+
+
+def vocab_rows(ts) -> int:
+    """Vocabulary size = rows of token_embd.weight (ModelError if the tensor is missing or not 2-D)."""
+    qt = ts.tensors.get("token_embd.weight")
+    if qt is None or len(qt.shape) != 2:
+        shape = None if qt is None else tuple(qt.shape)
+        raise ModelError(f"{ts.path}: tensor 'token_embd.weight' must exist with shape (vocab, n_embd); "
+                         f"found {shape}")
+    return int(qt.shape[0])
+

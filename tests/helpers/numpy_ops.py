@@ -1,0 +1,128 @@
+"""The backend op set (backends/base.py) in plain numpy float32: a slow, obviously-correct test
+backend with the same function names and signatures as edged.backends.cpu.
+
+Weights are dequantized with gguf-py (reference_dequantize) once per tensor and cached.
+"""
+
+import numpy as np
+
+from edged.backends.base import Batch, LayerKV, RopeParams
+from edged.quant.tensor import QTensor
+from tests.helpers.qdata import reference_dequantize
+
+_DEQUANT_CACHE: dict[int, tuple[QTensor, np.ndarray]] = {}
+
+
+def _weights(w: QTensor) -> np.ndarray:
+    hit = _DEQUANT_CACHE.get(id(w))
+    if hit is None or hit[0] is not w:  # keep w alive so its id is not reused while cached
+        hit = (w, reference_dequantize(w))
+        _DEQUANT_CACHE[id(w)] = hit
+    return hit[1]
+
+
+def clear_cache() -> None:
+    """Drop cached dequantized weights."""
+    _DEQUANT_CACHE.clear()
+
+
+def matmul(w: QTensor, x: np.ndarray, **_) -> np.ndarray:
+    """x [n, k] @ W.T → [n, m]."""
+    return np.ascontiguousarray(x, dtype=np.float32) @ _weights(w).T
+
+
+def embed(w: QTensor, ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` of W, dequantized: [n, k]."""
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+        raise ValueError(f"token id out of range [0, {w.shape[0]})")
+    return _weights(w)[ids].copy()
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) * weight over the last axis."""
+    x64 = x.astype(np.float64)
+    r = 1.0 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + eps)
+    return ((x64 * r).astype(np.float32) * weight).astype(np.float32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, p: RopeParams) -> np.ndarray:
+    """Rotary embedding of the first p.dim features of each head. x [n, heads, hd]."""
+    half = p.dim // 2
+    inv = p.freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.dim)
+    if p.freq_factors is not None:
+        inv = inv / p.freq_factors.astype(np.float64)
+    theta = positions.astype(np.float64)[:, None] * p.freq_scale * inv[None, :]  # [n, half]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = x.astype(np.float32).copy()
+    if p.neox:
+        a, b = x[..., :half], x[..., half : p.dim]
+        out[..., :half] = a * cos - b * sin
+        out[..., half : p.dim] = a * sin + b * cos
+    else:
+        a, b = x[..., 0 : p.dim : 2], x[..., 1 : p.dim : 2]
+        out[..., 0 : p.dim : 2] = a * cos - b * sin
+        out[..., 1 : p.dim : 2] = a * sin + b * cos
+    return out
+
+
+def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up."""
+    g = gate.astype(np.float64)
+    gelu = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3)))
+    return (gelu * up).astype(np.float32)
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up."""
+    g = gate.astype(np.float64)
+    return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap)."""
+    return (cap * np.tanh(x.astype(np.float64) / cap)).astype(np.float32)
+
+
+def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
+    """Zeroed paged cache [num_blocks, block_size, n_kv_heads, head_dim] for K and V."""
+    shape = (num_blocks, block_size, n_kv_heads, head_dim)
+    return LayerKV(k=np.zeros(shape, np.float32), v=np.zeros(shape, np.float32))
+
+
+def store_kv(kv: LayerKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Write token rows of k, v [n, kvh, hd] at slots block_id * block_size + offset."""
+    bs = kv.block_size
+    blocks, offs = slot_mapping // bs, slot_mapping % bs
+    kv.k[blocks, offs] = k
+    kv.v[blocks, offs] = v
+
+
+def attention(q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: int = 0,
+              softcap: float = 0.0) -> np.ndarray:
+    """Causal (optionally sliding-window) GQA attention over the paged cache. q [n, h, hd]."""
+    n, h, hd = q.shape
+    kvh = kv.k.shape[2]
+    group = h // kvh
+    bs = kv.block_size
+    out = np.zeros((n, h, hd), np.float32)
+    for s in range(batch.n_seqs):
+        a, b = int(batch.seq_starts[s]), int(batch.seq_starts[s + 1])
+        L = int(batch.seq_lens[s])
+        j = np.arange(L)
+        blocks = batch.block_tables[s, j // bs]
+        K = kv.k[blocks, j % bs].astype(np.float64)  # [L, kvh, hd]
+        V = kv.v[blocks, j % bs].astype(np.float64)
+        for t in range(a, b):
+            p = int(batch.positions[t])
+            allowed = j <= p
+            if window > 0:
+                allowed &= p - j < window
+            for hh in range(h):
+                sc = K[:, hh // group] @ q[t, hh].astype(np.float64) * scale  # [L]
+                if softcap:
+                    sc = softcap * np.tanh(sc / softcap)
+                sc = np.where(allowed, sc, -np.inf)
+                w = np.exp(sc - sc.max())
+                out[t, hh] = (w / w.sum()) @ V[:, hh // group]
+    return out

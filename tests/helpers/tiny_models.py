@@ -1,0 +1,268 @@
+"""Tiny random GGUF models, one per supported architecture, written with gguf.GGUFWriter.
+
+Realistic metadata (the keys real converters write), weights in a mix of types (F32, F16, Q8_0,
+Q5_0, Q4_0, Q4_K, Q6_K) and a minimal tokenizer vocabulary (SentencePiece-style for gemma3 / llama /
+phi3, byte-level BPE for qwen2 / qwen3) so CLI tests can use the files too.
+
+    path = write_tiny_model(tmp_path / "m.gguf", "gemma3", sliding_window=4)
+"""
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
+
+from tests.helpers.qdata import random_qtensor
+
+ARCHS = ("gemma3", "llama", "qwen2", "qwen3", "phi3")
+
+
+@dataclass
+class TinySpec:
+    """Shape and options of a tiny model."""
+
+    arch: str
+    n_layers: int = 2
+    n_embd: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    n_ff: int = 256  # a multiple of 256 so ffn_down can be a K-quant
+    vocab: int = 300
+    context: int = 256
+    eps: float = 1e-6
+    rope_base: float = 10000.0
+    sliding_window: int = 0
+    rope_scaling: str = "none"  # "none" | "linear" (factor 2)
+    rope_freqs: bool = False  # write a Llama-3-style rope_freqs.weight tensor
+    tied: bool = True  # no output.weight: logits through token_embd
+    write_key_length: bool = False
+    extra_kv: dict = field(default_factory=dict)
+
+
+def default_spec(arch: str, **overrides) -> TinySpec:
+    """The tiny geometry used for `arch` (real-model quirks included, e.g. head_dim ≠ n_embd/heads)."""
+    base = {
+        "gemma3": dict(n_layers=6, head_dim=32, write_key_length=True, sliding_window=4,
+                       rope_base=1000000.0),
+        "llama": dict(eps=1e-5, tied=False),
+        "qwen2": dict(rope_base=1000000.0),
+        "qwen3": dict(head_dim=32, write_key_length=True, rope_base=1000000.0, tied=False),
+        "phi3": dict(n_kv_heads=4, eps=1e-5, tied=False),
+    }[arch]
+    return replace(TinySpec(arch=arch, **base), **overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# weights
+
+def _quantized(rng, qtype, rows: int, cols: int, name: str):
+    """(bytes [rows, row_bytes] or float array, raw_dtype) for GGUFWriter.add_tensor."""
+    if qtype == T.F32:
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), None
+    if qtype == T.F16:
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float16), None
+    if qtype in (T.Q8_0, T.Q5_0, T.Q4_0):  # gguf-py can quantize these from floats
+        f = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return quantize(f, qtype), qtype
+    qt = random_qtensor(qtype, rows, cols, seed=int(rng.integers(1 << 30)), name=name)
+    return qt.data.reshape(rows, -1), qtype  # K-quants: random valid blocks
+
+
+def _norm(rng, n: int) -> np.ndarray:
+    return rng.uniform(0.7, 1.3, n).astype(np.float32)  # as stored: Gemma's `1 +` already folded
+
+
+def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
+    """name -> (array, raw_dtype or None) for every tensor of the tiny model."""
+    rng = np.random.default_rng(seed)
+    a, e, hd, nh, nkv, ff = spec.arch, spec.n_embd, spec.head_dim, spec.n_heads, spec.n_kv_heads, spec.n_ff
+    t = {}
+    t["token_embd.weight"] = _quantized(rng, T.Q8_0, spec.vocab, e, "token_embd.weight")
+    t["output_norm.weight"] = (_norm(rng, e), None)
+    if not spec.tied:
+        t["output.weight"] = _quantized(rng, T.F16 if a == "llama" else T.Q8_0, spec.vocab, e, "output.weight")
+    if spec.rope_freqs:
+        t["rope_freqs.weight"] = (rng.uniform(1.0, 8.0, hd // 2).astype(np.float32), None)
+    down_types = (T.Q6_K, T.Q4_K)
+    for i in range(spec.n_layers):
+        p = f"blk.{i}"
+
+        def w(name, rows, cols, qtype):
+            t[f"{p}.{name}"] = _quantized(rng, qtype, rows, cols, f"{p}.{name}")
+
+        t[f"{p}.attn_norm.weight"] = (_norm(rng, e), None)
+        if a == "phi3":
+            w("attn_qkv.weight", (nh + 2 * nkv) * hd, e, T.Q8_0)
+        else:
+            w("attn_q.weight", nh * hd, e, T.Q5_0)
+            w("attn_k.weight", nkv * hd, e, T.Q4_0 if i % 2 else T.Q5_0)
+            w("attn_v.weight", nkv * hd, e, T.Q8_0)
+        w("attn_output.weight", e, nh * hd, T.F16 if i % 2 else T.Q8_0)
+        if a == "qwen2":
+            for n_, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                t[f"{p}.attn_{n_}.bias"] = ((rng.standard_normal(rows) * 0.1).astype(np.float32), None)
+        if a in ("gemma3", "qwen3"):
+            t[f"{p}.attn_q_norm.weight"] = (_norm(rng, hd), None)
+            t[f"{p}.attn_k_norm.weight"] = (_norm(rng, hd), None)
+        if a == "gemma3":
+            t[f"{p}.post_attention_norm.weight"] = (_norm(rng, e), None)
+            t[f"{p}.post_ffw_norm.weight"] = (_norm(rng, e), None)
+        t[f"{p}.ffn_norm.weight"] = (_norm(rng, e), None)
+        if a == "phi3":
+            w("ffn_up.weight", 2 * ff, e, T.Q5_0)
+        else:
+            w("ffn_gate.weight", ff, e, T.Q5_0 if i % 2 else T.F16)
+            w("ffn_up.weight", ff, e, T.Q4_0 if i % 2 else T.Q8_0)
+        w("ffn_down.weight", e, ff, down_types[i % 2])
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizers
+
+_SPM_PIECES = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁the", "▁of", "▁and", "▁to", "▁in", "▁is",
+               "▁it", "▁a", "▁capital", "▁France", "▁Paris", "."]
+
+
+def _spm_vocab(n: int, gemma: bool):
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] if gemma else ["<unk>", "<s>", "</s>"]
+    tokens = list(specials)
+    types = [3] * len(specials)  # CONTROL
+    types[specials.index("<unk>")] = 2  # UNKNOWN
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256  # BYTE
+    for i, piece in enumerate(_SPM_PIECES[: n - len(tokens)]):
+        tokens.append(piece)
+        types.append(1)
+    while len(tokens) < n:
+        tokens.append(f"▁w{len(tokens)}")
+        types.append(1)
+    scores = [0.0] * len(specials) + [0.0] * 256 + [-float(i) for i in range(n - len(specials) - 256)]
+    ids = dict(bos=2, eos=1, unk=3, pad=0) if gemma else dict(bos=1, eos=2, unk=0)
+    return tokens, scores, types, ids
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's printable stand-in character for each byte value."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def _bpe_vocab(n: int):
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = _bytes_to_unicode()
+    merges = []
+    words = ["Ġthe", "Ġof", "Ġand", "Ġto", "Ġin", "Ġis", "Ġcapital", "ĠFrance", "ĠParis", "Ġa", "he", "in"]
+    for word in words:  # left-to-right merge chain: "Ġ t" -> "Ġt", "Ġt h" -> "Ġth", ...
+        cur = word[0]
+        for ch in word[1:]:
+            if len(tokens) >= n - len(specials):
+                break
+            merged = cur + ch
+            if merged not in tokens:
+                tokens.append(merged)
+                merges.append(f"{cur} {ch}")
+            cur = merged
+    tokens = tokens[: n - len(specials)]
+    while len(tokens) < n - len(specials):  # pad with unreachable pieces
+        tokens.append(f"<unused{len(tokens)}>")
+    types = [1] * len(tokens) + [3] * len(specials)
+    ids = dict(bos=n - 3, eos=n - 1, pad=n - 3)
+    return tokens + specials, types, merges, ids
+
+
+def _write_tokenizer(wr: gguf.GGUFWriter, spec: TinySpec) -> None:
+    if spec.arch in ("qwen2", "qwen3"):
+        tokens, types, merges, ids = _bpe_vocab(spec.vocab)
+        wr.add_tokenizer_model("gpt2")
+        wr.add_tokenizer_pre("qwen2")
+        wr.add_token_list(tokens)
+        wr.add_token_types(types)
+        wr.add_token_merges(merges)
+        wr.add_add_bos_token(False)
+    else:
+        tokens, scores, types, ids = _spm_vocab(spec.vocab, gemma=spec.arch == "gemma3")
+        wr.add_tokenizer_model("llama")
+        wr.add_tokenizer_pre("default")
+        wr.add_token_list(tokens)
+        wr.add_token_scores(scores)
+        wr.add_token_types(types)
+        wr.add_add_bos_token(True)
+        wr.add_unk_token_id(ids["unk"])
+    wr.add_bos_token_id(ids["bos"])
+    wr.add_eos_token_id(ids["eos"])
+    if "pad" in ids:
+        wr.add_pad_token_id(ids["pad"])
+    wr.add_add_eos_token(False)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def write_tiny_model(path, arch: str, *, seed: int = 0, omit: tuple = (), reshape: dict | None = None,
+                     arch_name: str | None = None, **overrides) -> Path:
+    """Write a tiny random `arch` model to `path`; returns the path.
+
+    overrides: TinySpec fields (n_layers, sliding_window, rope_scaling, rope_freqs, tied, ...).
+    omit: tensor names to leave out; reshape: name -> new numpy shape (same element count) — for
+    error tests. arch_name: value written as general.architecture (default `arch`).
+    """
+    spec = default_spec(arch, **overrides)
+    tensors = model_tensors(spec, seed)
+    path = Path(path)
+    name = arch_name or arch
+    wr = gguf.GGUFWriter(str(path), name)
+    wr.add_name(f"tiny-{arch}")
+    wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    wr.add_context_length(spec.context)
+    wr.add_embedding_length(spec.n_embd)
+    wr.add_block_count(spec.n_layers)
+    wr.add_feed_forward_length(spec.n_ff)
+    wr.add_head_count(spec.n_heads)
+    wr.add_head_count_kv(spec.n_kv_heads)
+    wr.add_layer_norm_rms_eps(spec.eps)
+    wr.add_rope_freq_base(spec.rope_base)
+    if spec.write_key_length:
+        wr.add_key_length(spec.head_dim)
+        wr.add_value_length(spec.head_dim)
+    if arch in ("llama", "phi3"):
+        wr.add_rope_dimension_count(spec.head_dim)
+    if arch == "llama":
+        wr.add_vocab_size(spec.vocab)
+    if spec.sliding_window:
+        wr.add_sliding_window(spec.sliding_window)
+    if spec.rope_scaling == "linear":
+        wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        wr.add_rope_scaling_factor(2.0)
+    for k, v in spec.extra_kv.items():
+        wr.add_key_value(k, v[0], v[1])
+    _write_tokenizer(wr, spec)
+    for tname, (arr, raw_dtype) in tensors.items():
+        if tname in omit:
+            continue
+        shape = None
+        if reshape and tname in reshape:
+            shape = tuple(reshape[tname])
+            if raw_dtype is None:
+                arr, shape = arr.reshape(shape), None
+        if raw_dtype is None:
+            wr.add_tensor(tname, arr)
+        elif shape is not None:
+            wr.add_tensor(tname, arr, raw_shape=shape, raw_dtype=raw_dtype)
+        else:
+            wr.add_tensor(tname, arr, raw_dtype=raw_dtype)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return path
