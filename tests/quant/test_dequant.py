@@ -1,0 +1,138 @@
+"""Every supported type's Numba dequantizer is bit-exact to gguf-py's (tests.helpers.qdata)."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from edged.quant import dequantize, load_gguf
+from edged.quant.dequant import DEQUANTIZERS, dequantize_rows
+from edged.quant.tensor import QTensor
+from edged.quant.types import SUPPORTED_TYPES, traits
+from tests.helpers.model import default_model_path
+from tests.helpers.qdata import _F16_FIELDS, random_qtensor, reference_dequantize
+
+
+def _shapes(qtype):
+    """(rows, cols): 1, 2, 3 blocks per row with 1 and odd row counts, a 640- and a 2048-wide row."""
+    bs = traits(qtype).block_size
+    shapes = [(1, bs), (3, 2 * bs), (5, 3 * bs), (2, 2048)]
+    if 640 % bs == 0:
+        shapes.append((3, 640))
+    return shapes
+
+
+CASES = [(t, s) for t in SUPPORTED_TYPES for s in _shapes(t)]
+
+
+def assert_bits_equal(a: np.ndarray, b: np.ndarray):
+    """Same shape, dtype float32 and identical bit patterns (so -0.0 and NaN payloads count)."""
+    assert a.dtype == np.float32 and b.dtype == np.float32
+    assert a.shape == b.shape
+    diff = np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))
+    assert diff.size == 0, f"{diff.size} elements differ, first at {diff[0]}: {a.flat[diff[0]]!r} vs {b.flat[diff[0]]!r}"
+
+
+def test_table_covers_supported_types():
+    assert set(DEQUANTIZERS) == set(SUPPORTED_TYPES)
+    assert len(SUPPORTED_TYPES) == 15
+
+
+@pytest.mark.parametrize("qtype,shape", CASES, ids=[f"{t.name}-{r}x{c}" for t, (r, c) in CASES])
+def test_random_blocks_bit_exact(qtype, shape):
+    w = random_qtensor(qtype, *shape, seed=shape[0] * 7 + shape[1])
+    assert_bits_equal(dequantize(w), reference_dequantize(w))
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_all_16bit_patterns(qtype):
+    # every pattern once: ±0, subnormals, ±inf, quiet and signalling NaNs with payloads
+    data = np.arange(65536, dtype=np.uint16).view(np.uint8)
+    w = QTensor("all", qtype, (64, 1024), data)
+    assert_bits_equal(dequantize(w), reference_dequantize(w))
+
+
+def test_f32_special_values():
+    bits = np.array(
+        [0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001,
+         0xFFC12345, 0x3F800000, 0x7F7FFFFF, 0x00800000],
+        dtype=np.uint32,
+    )
+    w = QTensor("f32", T.F32, (3, 4), bits.view(np.uint8))
+    out = dequantize(w)
+    assert_bits_equal(out, reference_dequantize(w))
+    assert out.view(np.uint32).reshape(-1).tolist() == bits.tolist()
+
+
+@pytest.mark.parametrize("qtype", [t for t in SUPPORTED_TYPES if traits(t).block_size > 1], ids=lambda t: t.name)
+def test_special_fp16_scales(qtype):
+    # scale fields set to -0, a subnormal, the largest fp16, inf and NaN: same result as gguf-py
+    w = random_qtensor(qtype, 5, traits(qtype).block_size, seed=3)
+    blocks = w.data.reshape(5, -1).copy()
+    specials = np.array([0x8000, 0x0001, 0x7BFF, 0x7C00, 0x7E01], dtype=np.uint16).view(np.uint8).reshape(5, 2)
+    off = _F16_FIELDS[qtype][0]
+    blocks[:, off : off + 2] = specials
+    w = QTensor("s", qtype, w.shape, blocks.reshape(-1))
+    with np.errstate(invalid="ignore"):  # gguf-py computes inf * 0
+        ref = reference_dequantize(w)
+    np.testing.assert_array_equal(dequantize(w), ref)  # NaN == NaN here
+
+
+def test_row_selection():
+    w = random_qtensor(T.Q4_K, 9, 512, seed=5)
+    ref = reference_dequantize(w)
+    assert_bits_equal(dequantize(w, slice(2, 7)), ref[2:7])
+    assert_bits_equal(dequantize(w, slice(None, None, 3)), ref[::3])
+    ids = np.array([8, 0, 3, 3], dtype=np.int32)
+    assert_bits_equal(dequantize(w, ids), ref[ids])
+    assert dequantize(w, np.array([], dtype=np.int64)).shape == (0, 512)
+
+
+@pytest.mark.parametrize("rows", [np.array([0, 9]), np.array([-1]), np.array([0.5]), np.array([[1]])])
+def test_bad_rows_rejected(rows):
+    w = random_qtensor(T.Q8_0, 9, 64)
+    with pytest.raises(ValueError, match="row"):
+        dequantize(w, rows)
+
+
+def test_out_of_range_row_named():
+    w = random_qtensor(T.Q8_0, 9, 64)
+    with pytest.raises(ValueError, match=r"\b9\b"):
+        dequantize(w, np.array([1, 9, 2]))
+
+
+def test_one_dimensional_tensor_keeps_shape():
+    w = random_qtensor(T.F32, 1, 640)
+    w = QTensor("norm", T.F32, (640,), w.data)
+    assert dequantize(w).shape == (640,)
+
+
+def test_unsupported_type_names_it():
+    w = QTensor("q81", T.Q8_1, (1, 32), np.zeros(36, dtype=np.uint8))
+    with pytest.raises(ValueError, match="Q8_1"):
+        dequantize(w)
+    with pytest.raises(ValueError, match="Q8_1"):
+        dequantize_rows(T.Q8_1, np.zeros((1, 36), dtype=np.uint8), 32)
+
+
+def test_wrong_row_bytes_rejected():
+    with pytest.raises(ValueError, match="Q4_0"):
+        dequantize_rows(T.Q4_0, np.zeros((2, 17), dtype=np.uint8), 32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    gf = load_gguf(default_model_path())
+    yield gf
+    gf.close()
+
+
+def _first_of(model, qtype):
+    return next(t for t in model.tensors.values() if t.qtype == qtype)
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.Q5_0, T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_real_model_tensor_bit_exact(model, qtype):
+    w = _first_of(model, qtype)
+    if w.name == "token_embd.weight":  # 262144 rows: compare a slice, not 670 MB of floats
+        w = QTensor(w.name, w.qtype, (1000, w.n_cols), w.rows()[-1000:].reshape(-1))
+    assert_bits_equal(dequantize(w), reference_dequantize(w))
