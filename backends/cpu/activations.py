@@ -1,0 +1,168 @@
+"""Gated FFN activations and elementwise ops, float32.
+
+gelu_tanh_mul computes ggml's tanh-approximated GELU formula exactly by default; with
+ggml_fp16=True it reproduces llama.cpp's CPU path instead, which rounds the input to float16 and
+reads GELU from a float16 table (ggml's GGML_GELU_FP16), so logits can match llama.cpp more closely.
+"""
+
+import math
+
+import numba as nb
+import numpy as np
+
+_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+_GELU_COEF_A = np.float32(0.044715)
+_HALF = np.float32(0.5)
+_ONE = np.float32(1.0)
+
+
+@nb.njit(inline="always")
+def _gelu(x):
+    return _HALF * x * (_ONE + np.float32(math.tanh(_SQRT_2_OVER_PI * x * (_ONE + _GELU_COEF_A * x * x))))
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _gelu_tanh_mul_rows(gate, up, out):
+    n, f = gate.shape
+    for r in nb.prange(n):
+        for i in range(f):
+            out[r, i] = _gelu(gate[r, i]) * up[r, i]
+
+
+@nb.njit(inline="always")
+def _f32_to_f16_bits(b):
+    """IEEE float32 bits (uint32 as int64) -> float16 bits, round to nearest even (as F16C)."""
+    sign = (b >> 16) & 0x8000
+    exp = (b >> 23) & 0xFF
+    mant = b & 0x7FFFFF
+    if exp == 0xFF:  # inf / nan
+        return sign | 0x7C00 | (0x200 if mant else 0)
+    e = exp - 127 + 15
+    if e >= 31:
+        return sign | 0x7C00
+    if e <= 0:  # float16 subnormal or zero
+        if e < -10:
+            return sign
+        mant = mant | 0x800000
+        shift = 14 - e
+        h = mant >> shift
+        rem = mant & ((1 << shift) - 1)
+        halfway = 1 << (shift - 1)
+        if rem > halfway or (rem == halfway and (h & 1)):
+            h += 1
+        return sign | h
+    h = (e << 10) | (mant >> 13)
+    rem = mant & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (h & 1)):
+        h += 1  # a carry into the exponent is the correct rounding
+    return sign | h
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _gelu_fp16_mul_rows(gate, up, table, out):
+    n, f = gate.shape
+    bits = gate.view(np.uint32)  # [n, f]
+    for r in nb.prange(n):
+        for i in range(f):
+            x = gate[r, i]
+            if x <= np.float32(-10.0):
+                g = np.float32(0.0)
+            elif x >= np.float32(10.0):
+                g = x
+            else:
+                g = table[_f32_to_f16_bits(np.int64(bits[r, i]))]
+            out[r, i] = g * up[r, i]
+
+
+def _build_gelu_f16_table() -> np.ndarray:
+    """float32 [65536]: GELU of every float16 value, rounded to float16 (ggml_table_gelu_f16)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)  # [65536]
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = _HALF * x * (_ONE + np.tanh(_SQRT_2_OVER_PI * x * (_ONE + _GELU_COEF_A * x * x)))
+    return y.astype(np.float32).astype(np.float16).astype(np.float32)
+
+
+_GELU_F16_TABLE: np.ndarray | None = None
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _silu_mul_rows(gate, up, out):
+    n, f = gate.shape
+    for r in nb.prange(n):
+        for i in range(f):
+            x = gate[r, i]
+            out[r, i] = x / (_ONE + np.float32(math.exp(-x))) * up[r, i]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _softcap_rows(x, cap, out):
+    n, f = x.shape
+    inv = _ONE / cap
+    for r in nb.prange(n):
+        for i in range(f):
+            out[r, i] = cap * np.float32(math.tanh(x[r, i] * inv))
+
+
+def _pair(gate, up, out, name):
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    up = np.ascontiguousarray(up, dtype=np.float32)
+    if gate.ndim != 2 or gate.shape != up.shape:
+        raise ValueError(f"{name}: gate {gate.shape} and up {up.shape} must be equal [n, f] shapes")
+    if out is None:
+        out = np.empty_like(gate)
+    elif out.shape != gate.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"{name}: out must be a C-contiguous float32 array shaped like gate")
+    return gate, up, out
+
+
+def gelu_tanh_mul(
+    gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None, ggml_fp16: bool = False
+) -> np.ndarray:
+    """GEGLU: gelu_tanh(gate) * up, gate/up float32 [n, f] -> [n, f].
+
+    gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). ggml_fp16=True reproduces
+    llama.cpp's CPU rounding (float16 input, float16 table, identity past |x| >= 10).
+    """
+    gate, up, out = _pair(gate, up, out, "gelu_tanh_mul")
+    if ggml_fp16:
+        global _GELU_F16_TABLE
+        if _GELU_F16_TABLE is None:
+            _GELU_F16_TABLE = _build_gelu_f16_table()
+        _gelu_fp16_mul_rows(gate, up, _GELU_F16_TABLE, out)
+    else:
+        _gelu_tanh_mul_rows(gate, up, out)
+    return out
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """SwiGLU: silu(gate) * up with silu(x) = x / (1 + exp(-x)); float32 [n, f] -> [n, f]."""
+    gate, up, out = _pair(gate, up, out, "silu_mul")
+    _silu_mul_rows(gate, up, out)
+    return out
+
+
+def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
+    """cap * tanh(x / cap) elementwise (Gemma 2's logit soft-capping); x float32 [n, f]."""
+    if cap <= 0:
+        raise ValueError(f"softcap cap must be > 0, got {cap}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"softcap expects x of shape [n, f], got {x.shape}")
+    if out is None:
+        out = np.empty_like(x)
+    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError("softcap out must be a C-contiguous float32 array shaped like x")
+    _softcap_rows(x, np.float32(cap), out)
+    return out
+
+
+def add(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Elementwise a + b in float32 (residual connections); out=a adds in place."""
+    if a.shape != b.shape:
+        raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
+    return np.add(a, b, out=out, dtype=np.float32)
+
+
+def scale(x: np.ndarray, s: float, out: np.ndarray | None = None) -> np.ndarray:
+    """x * s in float32 (e.g. Gemma's sqrt(d_model) embedding scale); out=x scales in place."""
+    return np.multiply(x, np.float32(s), out=out, dtype=np.float32)

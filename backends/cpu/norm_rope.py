@@ -1,0 +1,125 @@
+"""RMS norm and rotary position embedding (RoPE), float32, with llama.cpp's CPU numerics.
+
+rms_norm sums squares in float64 and scales in float32 as ggml_compute_forward_rms_norm_f32 does;
+rope builds each token's cos/sin table by repeated float32 multiplication, as ggml_rope_cache_init
+does, so angles at long positions round the same way llama.cpp's do.
+"""
+
+import math
+
+import numba as nb
+import numpy as np
+
+from edged.backends.base import RopeParams
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _rms_norm_rows(x, weight, eps, out):
+    """x float32 [n, d] -> out [n, d] = x / sqrt(mean(x^2) + eps) * weight."""
+    n, d = x.shape
+    for r in nb.prange(n):
+        s = 0.0  # float64 accumulator, as ggml_float
+        for i in range(d):
+            v = x[r, i]
+            s += np.float64(v * v)
+        mean = np.float32(s / d)
+        scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+        for i in range(d):
+            out[r, i] = (x[r, i] * scale) * weight[i]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """RMS-normalize each row: x float32 [n, d], weight [d] -> [n, d].
+
+    y = x / sqrt(mean(x^2) + eps) * weight. Pass `out=x` to normalize in place. For per-head q/k
+    norms reshape x to [n * heads, head_dim] first.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"rms_norm expects x of shape [n, d], got {x.shape}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    if weight.shape != (x.shape[1],):
+        raise ValueError(f"rms_norm weight shape {weight.shape} does not match row width {x.shape[1]}")
+    if out is None:
+        out = np.empty_like(x)
+    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError("rms_norm out must be a C-contiguous float32 array shaped like x")
+    _rms_norm_rows(x, weight, np.float32(eps), out)
+    return out
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, freq_factors, out):
+    """x float32 [n, heads, hd] -> out: rotate the first n_dims features of every head.
+
+    freq_factors float32 [n_dims/2] (ones when the model has none). Pairs: neox (i, i + n_dims/2),
+    normal (2i, 2i + 1). Features past n_dims are copied unchanged.
+    """
+    n, heads, hd = x.shape
+    half = n_dims // 2
+    for t in nb.prange(n):
+        cos_t = np.empty(half, dtype=np.float32)  # [n_dims/2]
+        sin_t = np.empty(half, dtype=np.float32)  # [n_dims/2]
+        theta = np.float32(positions[t])
+        for i in range(half):
+            # as ggml_rope_cache_init + rope_yarn without YaRN: angle = freq_scale * theta / factor
+            a = freq_scale * (theta / freq_factors[i])
+            cos_t[i] = np.float32(math.cos(a))
+            sin_t[i] = np.float32(math.sin(a))
+            theta = theta * theta_scale
+        for h in range(heads):
+            for i in range(half):
+                if neox:
+                    i0 = i
+                    i1 = i + half
+                else:
+                    i0 = 2 * i
+                    i1 = 2 * i + 1
+                x0 = x[t, h, i0]
+                x1 = x[t, h, i1]
+                out[t, h, i0] = x0 * cos_t[i] - x1 * sin_t[i]
+                out[t, h, i1] = x0 * sin_t[i] + x1 * cos_t[i]
+            for i in range(n_dims, hd):
+                out[t, h, i] = x[t, h, i]
+
+
+def rope_theta_scale(dim: int, freq_base: float) -> np.float32:
+    """base^(-2/dim) rounded as llama.cpp computes it: powf(base, -2.0f / n_dims) in float32."""
+    e = np.float32(-2.0) / np.float32(dim)
+    return np.float32(float(np.float32(freq_base)) ** float(e))
+
+
+def rope(
+    x: np.ndarray, positions: np.ndarray, p: RopeParams, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Rotary embedding: x float32 [n, heads, hd], positions int32 [n] -> [n, heads, hd].
+
+    Feature pair i of the first p.dim features turns by theta_i = pos * freq_scale *
+    base^(-2i/dim) / freq_factors[i]; pairs are (i, i + dim/2) when p.neox, else (2i, 2i + 1).
+    Pass `out=x` to rotate in place.
+    """
+    if x.ndim != 3:
+        raise ValueError(f"rope expects x of shape [n, heads, head_dim], got {x.shape}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, _, hd = x.shape
+    positions = np.ascontiguousarray(positions, dtype=np.int32)
+    if positions.shape != (n,):
+        raise ValueError(f"rope positions shape {positions.shape} does not match {n} tokens")
+    dim = int(p.dim)
+    if dim <= 0 or dim % 2 or dim > hd:
+        raise ValueError(f"rope dim {dim} must be even and within head_dim {hd}")
+    if p.freq_factors is None:
+        factors = np.ones(dim // 2, dtype=np.float32)
+    else:
+        factors = np.ascontiguousarray(p.freq_factors, dtype=np.float32)
+        if factors.shape != (dim // 2,):
+            raise ValueError(f"rope freq_factors shape {factors.shape} != ({dim // 2},)")
+    if out is None:
+        out = np.empty_like(x)
+    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError("rope out must be a C-contiguous float32 array shaped like x")
+    _rope_rows(
+        x, positions, dim, bool(p.neox), rope_theta_scale(dim, p.freq_base),
+        np.float32(p.freq_scale), factors, out,
+    )
+    return out
