@@ -222,21 +222,30 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
         if not p.exists():
             raise GGUFError(p, "split", f"missing part {p.name} of the split model ({len(part_paths)} parts)")
     parts = [parse_file(p) for p in part_paths]
-    gf = GGUFFile(parts)
+    _check_split_metadata(parts)
+    return GGUFFile(parts)
+
+
+def _split_int(part: ParsedFile, key: str) -> int | None:
+    if key not in part.metadata:
+        return None
+    t = part.metadata_types[key]
+    if t not in _INT_TYPES:
+        raise GGUFError(part.path, key, f"stored as {_type_name(t)}, expected an integer type", part.kv_offsets[key])
+    return part.metadata[key]
+
+
+def _check_split_metadata(parts: list[ParsedFile]) -> None:
+    """split.count / split.no / split.tensors.count, where present, must agree with the file names."""
     count = len(parts)
-    declared = gf.get_int("split.count", count)
-    if declared != count:
-        raise GGUFError(gf.path, "split.count", f"{declared} parts declared, file names say {count}", gf._kv_offsets.get("split.count"))
     for i, part in enumerate(parts):
-        meta, types = part.metadata, part.metadata_types
-        if "split.no" in meta:
-            if types["split.no"] not in _INT_TYPES:
-                raise GGUFError(part.path, "split.no", f"stored as {_type_name(types['split.no'])}, expected an integer type", part.kv_offsets["split.no"])
-            if meta["split.no"] != i:
-                raise GGUFError(part.path, "split.no", f"is {meta['split.no']}, expected {i} for part {i + 1}", part.kv_offsets["split.no"])
-        if "split.count" in meta and types["split.count"] in _INT_TYPES and meta["split.count"] != count:
-            raise GGUFError(part.path, "split.count", f"is {meta['split.count']}, expected {count}", part.kv_offsets["split.count"])
-    total = gf.get_int("split.tensors.count", len(gf.tensors))
-    if total != len(gf.tensors):
-        raise GGUFError(gf.path, "split.tensors.count", f"{total} tensors declared, parts hold {len(gf.tensors)}", gf._kv_offsets.get("split.tensors.count"))
-    return gf
+        declared = _split_int(part, "split.count")
+        if declared is not None and declared != count:
+            raise GGUFError(part.path, "split.count", f"{declared} parts declared, file names say {count}", part.kv_offsets["split.count"])
+        no = _split_int(part, "split.no")
+        if no is not None and no != i:
+            raise GGUFError(part.path, "split.no", f"is {no}, expected {i} for part {i + 1} of {count}", part.kv_offsets["split.no"])
+    total = _split_int(parts[0], "split.tensors.count")
+    held = sum(len(p.tensor_infos) for p in parts)
+    if total is not None and total != held:
+        raise GGUFError(parts[0].path, "split.tensors.count", f"{total} tensors declared, parts hold {held}", parts[0].kv_offsets["split.tensors.count"])
