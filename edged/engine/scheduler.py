@@ -45,17 +45,24 @@ class Scheduler:
         self.num_preemptions = 0
 
     # -- queue management --------------------------------------------------------------------
-    def add(self, req: Request) -> None:
-        """Queue a request; reject at once one that could never fit."""
+    @property
+    def max_len(self) -> int:
+        """Most tokens (prompt + output) one request may hold: the pool's or the context's size."""
         capacity = self.kv.pool.num_blocks * self.kv.block_size
-        limit = min(capacity, self.max_model_len or capacity)
+        return min(capacity, self.max_model_len or capacity)
+
+    def check_admissible(self, req: Request) -> None:
+        """Raise AdmissionError for a request that could never be served."""
         if req.num_prompt_tokens < 1:
             raise AdmissionError("the prompt is empty")
-        if req.max_total_tokens > limit:
+        if req.max_total_tokens > self.max_len:
             raise AdmissionError(
                 f"prompt ({req.num_prompt_tokens} tokens) + max_tokens ({req.max_tokens}) = "
-                f"{req.max_total_tokens} exceeds the {'context' if limit < capacity else 'KV pool'} "
-                f"capacity of {limit} tokens")
+                f"{req.max_total_tokens} exceeds the capacity of {self.max_len} tokens")
+
+    def add(self, req: Request) -> None:
+        """Queue a request; reject at once one that could never fit."""
+        self.check_admissible(req)
         self.waiting.append(req)
 
     def finish(self, req: Request, reason: str) -> None:

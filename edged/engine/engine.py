@@ -1,0 +1,234 @@
+"""The engine: one background thread running schedule -> batch -> forward -> sample -> deliver.
+
+Other threads (the HTTP server, the CLI) only call `add_request` and `abort`; those land in an
+inbox the loop drains at the start of each step, so the scheduler and KV pool are single-threaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edged.engine.output import OutputState
+from edged.engine.request import Request
+from edged.engine.runner import build_batch
+from edged.engine.scheduler import Scheduler
+from edged.engine.stream import Delta, RequestStream
+from edged.kv.block_pool import BlockPool
+from edged.kv.manager import KVCacheManager
+from edged.sampling import Sampler, SamplingParams
+
+log = logging.getLogger("edged.engine")
+
+
+@dataclass
+class EngineConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_batch_tokens: int = 512
+    max_seqs: int = 16
+    enable_prefix_cache: bool = True
+    max_model_len: int | None = None
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    blocks_total: int
+    blocks_used: int
+    blocks_cached_free: int
+    blocks_free: int
+    prefix_hit_rate: float
+    preemptions: int
+    steps: int
+    last_step_s: float
+    prompt_tokens: int
+    generated_tokens: int
+    tokens_in_kv: int
+
+
+class _Live:
+    """Engine-side state of one request."""
+
+    __slots__ = ("req", "stream", "out", "params")
+
+    def __init__(self, req, stream, out, params):
+        self.req, self.stream, self.out, self.params = req, stream, out, params
+
+
+class Engine:
+    """Continuous-batching generation over one model. Thread-safe entry points: add_request,
+    abort, stats, stop."""
+
+    def __init__(self, model, tokenizer, config: EngineConfig):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_cache)
+        self.kv = KVCacheManager(self.pool)
+        self.scheduler = Scheduler(self.kv, config.max_batch_tokens, config.max_seqs,
+                                   config.max_model_len or model.context_length)
+        self.kv_cache = model.allocate_kv(config.num_blocks, config.block_size)
+        self.sampler = Sampler()
+        self._live: dict[str, _Live] = {}
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self._steps = 0
+        self._last_step_s = 0.0
+        self._prompt_tokens = 0
+        self._generated_tokens = 0
+
+    # -- public, any thread -----------------------------------------------------------------
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._loop, name="edged-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def add_request(self, prompt_ids, params: SamplingParams, request_id: str | None = None,
+                    loop=None) -> RequestStream:
+        """Queue a generation; returns its stream. Validation errors raise here, before queueing
+        (vocab range, empty prompt, too long for the pool or context)."""
+        request_id = request_id or f"req-{next(self._ids)}"
+        prompt_ids = [int(t) for t in prompt_ids]
+        vocab = self.model.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        max_tokens = params.max_tokens if params.max_tokens is not None else 256
+        req = Request(request_id, prompt_ids, max_tokens=max_tokens, sampling=params)
+        self.scheduler.check_admissible(req)
+        stream = RequestStream(request_id)
+        if loop is not None:
+            stream.bind_loop(loop)
+        eos = frozenset(self.tokenizer.eos_ids) | frozenset(params.stop_token_ids)
+        out = OutputState(self.tokenizer.stream_decoder(), tuple(params.stop), eos, params.ignore_eos)
+        self._inbox.put(("add", _Live(req, stream, out, params)))
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request, queued or running; its blocks are freed at the next step boundary."""
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        s, p = self.scheduler, self.pool
+        return EngineStats(
+            running=len(s.running), waiting=len(s.waiting), blocks_total=p.num_blocks,
+            blocks_used=p.num_used, blocks_cached_free=p.num_cached_free, blocks_free=p.num_free,
+            prefix_hit_rate=self.kv.prefix_hit_rate, preemptions=s.num_preemptions,
+            steps=self._steps, last_step_s=self._last_step_s, prompt_tokens=self._prompt_tokens,
+            generated_tokens=self._generated_tokens,
+            tokens_in_kv=sum(r.num_computed_tokens for r in s.running))
+
+    def generate(self, prompt_ids, params: SamplingParams) -> list[Delta]:
+        """Blocking convenience: run one request to completion (engine must be started)."""
+        return list(self.add_request(prompt_ids, params))
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._live[arg.req.request_id] = arg
+                self.scheduler.waiting.append(arg.req)
+                self._prompt_tokens += arg.req.num_prompt_tokens
+            else:
+                live = self._live.get(arg)
+                if live is not None:
+                    self._finish(live, "abort")
+
+    def _finish(self, live: _Live, reason: str, text: str = "", error: str | None = None,
+                token_id: int | None = None, logprob=None) -> None:
+        self.scheduler.finish(live.req, reason)
+        self.sampler.release(live.req.request_id)
+        self._live.pop(live.req.request_id, None)
+        live.stream.put(Delta(token_id, text, *(logprob or (None, None)), finish_reason=reason,
+                              error=error, num_prompt_tokens=live.req.num_prompt_tokens,
+                              num_output_tokens=live.req.num_output_tokens))
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._drain_inbox()
+            if not self.scheduler.has_work:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                self._step()
+            except Exception as e:  # a failed step fails its requests, never the loop
+                log.exception("engine step failed")
+                for live in list(self._live.values()):
+                    if live.req in self.scheduler.running:
+                        self._finish(live, "error", error=f"{type(e).__name__}: {e}")
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        step = self.scheduler.schedule()
+        if not step.items:
+            return
+        batch, samplers = build_batch(step, self.kv)
+        logits = self.model.forward(batch, self.kv_cache)  # [len(samplers), vocab]
+        self.scheduler.update(step)
+        if samplers:
+            lives = [self._live[step.items[i][0].request_id] for i in samplers]
+            self._sample_and_deliver(logits, lives)
+        self._steps += 1
+        self._last_step_s = time.perf_counter() - t0
+
+    def _sample_and_deliver(self, logits: np.ndarray, lives: list[_Live]) -> None:
+        ids = [lv.req.request_id for lv in lives]
+        params = [lv.params for lv in lives]
+        hist = [lv.req.token_ids for lv in lives]
+        try:
+            tokens, infos = self.sampler.sample(logits, ids, params, hist)
+            results = list(zip(tokens.tolist(), infos))
+        except Exception:  # one bad row must not fail the others: retry row by row
+            results = []
+            for r, lv in enumerate(lives):
+                try:
+                    t, inf = self.sampler.sample(logits[r : r + 1], ids[r : r + 1], params[r : r + 1],
+                                                 hist[r : r + 1])
+                    results.append((int(t[0]), inf[0]))
+                except Exception as e:
+                    results.append(e)
+        for lv, res in zip(lives, results):
+            if isinstance(res, Exception):
+                self._finish(lv, "error", error=f"{type(res).__name__}: {res}")
+                continue
+            token, info = res
+            req = lv.req
+            req.token_ids.append(token)
+            self._generated_tokens += 1
+            lp = None
+            if info is not None:
+                lp = (info.token_logprob,
+                      list(zip(info.top_ids.tolist(), info.top_logprobs.tolist())))
+            text, reason = lv.out.on_token(token, req.num_output_tokens >= req.max_tokens)
+            if reason is None and req.num_tokens >= self.scheduler.max_len:
+                text, reason = text + lv.out.pending, "length"
+            if reason is not None:
+                self._finish(lv, reason, text=text, token_id=token, logprob=lp)
+            else:
+                lv.stream.put(Delta(token, text, *(lp or (None, None)),
+                                    num_prompt_tokens=req.num_prompt_tokens,
+                                    num_output_tokens=req.num_output_tokens))

@@ -1,0 +1,77 @@
+"""Loading a model for serving or running: GGUF file, model, tokenizer, chat template, JIT warm-up."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edged.backends.base import Batch
+from edged.chat import ChatTemplate
+from edged.model_path import resolve_model_path
+from edged.models import load_model
+from edged.progress import Progress
+from edged.quant import GGUFFile, load_gguf
+from edged.tokenizer import Tokenizer
+
+# token counts whose forward passes compile every kernel path (mat-vec and tiled batch)
+_WARMUP_SIZES = (1, 17)
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    gguf: GGUFFile
+    model: object
+    tokenizer: Tokenizer
+    chat: ChatTemplate
+    load_s: float
+    compile_s: float
+
+
+def warm_up(model, sizes=_WARMUP_SIZES, progress: Progress | None = None) -> float:
+    """Run tiny forward passes so every kernel is compiled (or loaded from the on-disk cache)."""
+    t0 = time.perf_counter()
+    bs = 16
+    kv = model.allocate_kv(4, bs)
+    for n in sizes:
+        ids = np.zeros(n, dtype=np.int32)
+        pos = np.arange(n, dtype=np.int32)
+        batch = Batch(token_ids=ids, positions=pos, seq_starts=np.array([0, n], dtype=np.int32),
+                      seq_lens=np.array([n], dtype=np.int32),
+                      block_tables=np.arange(4, dtype=np.int32)[None, :], slot_mapping=pos,
+                      logits_indices=np.array([n - 1], dtype=np.int32), block_size=bs)
+        model.forward(batch, kv)
+        if progress is not None:
+            progress.advance(1, f"{n}-token pass")
+    return time.perf_counter() - t0
+
+
+def load(model: str | None = None, *, chat_template: str | None = None, warmup: bool = True,
+         quiet: bool = False) -> LoadedModel:
+    """Resolve, validate and load a model (default: the installed default model).
+
+    Prints one line with load and compile times to stderr unless quiet; a progress bar on a TTY.
+    """
+    path = resolve_model_path(model)
+    t0 = time.perf_counter()
+    with Progress("loading model", 3) as p:
+        gf = load_gguf(path)
+        p.advance(1, "validated GGUF")
+        tokenizer = Tokenizer.from_gguf(gf)
+        chat = ChatTemplate.from_gguf(gf, override=chat_template)
+        p.advance(1, "tokenizer")
+        m = load_model(gf)
+        p.advance(1, "weights mapped")
+    load_s = time.perf_counter() - t0
+    compile_s = 0.0
+    if warmup:
+        with Progress("compiling kernels", len(_WARMUP_SIZES)) as p:
+            compile_s = warm_up(m, progress=p)
+    if not quiet:
+        print(f"edged: loaded {path.name} ({gf.architecture}) in {load_s:.2f} s; "
+              f"kernels ready in {compile_s:.2f} s", file=sys.stderr)
+    return LoadedModel(path, gf, m, tokenizer, chat, load_s, compile_s)
