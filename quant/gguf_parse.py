@@ -228,7 +228,7 @@ def parse_file(path: str | os.PathLike) -> ParsedFile:
             size = os.fstat(f.fileno()).st_size
             if size < 24:
                 # mmap cannot map an empty file, and a header needs 24 bytes anyway.
-                head = f.read()
+                head = f.read(24)  # bounded: st_size is 0 for devices such as /dev/zero
                 cur = _Cursor(path, head, len(head))
                 _check_magic_version(cur)
                 cur.u64("header.n_tensors")
@@ -243,7 +243,7 @@ def parse_file(path: str | os.PathLike) -> ParsedFile:
         return _parse_mapped(path, mm, size)
     except GGUFError:
         raise
-    except (MemoryError, OverflowError, ValueError, IndexError, struct.error, UnicodeError) as e:
+    except (MemoryError, OverflowError, ValueError, IndexError, KeyError, TypeError, RecursionError, struct.error) as e:
         # Defence in depth: every check above should have caught this first.
         raise GGUFError(path, "file", f"malformed ({type(e).__name__}: {e})") from None
 

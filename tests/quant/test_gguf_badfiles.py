@@ -329,4 +329,4 @@ def test_random_mutation_fuzz(tmp_path):
         except GGUFError:
             n_err += 1
         assert time.perf_counter() - t0 < 1.0, f"case {i} took too long"
-    assert n_err > 100  # the mutations really do break files
+    assert n_err > 100 and n_loaded > 10  # both outcomes really occur
