@@ -127,9 +127,8 @@ class _Cursor:
         n = self.u64(fld + ".length")
         if n > self.size - self.pos:
             raise self.fail(fld, f"string length {n} exceeds the {self.size - self.pos} bytes that remain", start)
-        raw = self.buf[self.pos : self.pos + n]
         try:
-            s = raw.decode("utf-8") if isinstance(raw, bytes) else bytes(raw).decode("utf-8")
+            s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8")  # mmap slices are bytes already
         except UnicodeDecodeError as e:
             raise self.fail(fld, f"invalid UTF-8 ({e.reason} at string byte {e.start})", start) from None
         self.pos += n
