@@ -58,6 +58,33 @@ def main() -> None:
             keys = min(ctx, args.window) if args.window > 0 else ctx
             gbs = 2 * n_seqs * keys * N_KV * HEAD_DIM * 4 / t / 1e9
             print(f"{ctx:>6} {n_seqs:>5} {t * 1e3:>9.3f} {t * 1e6 / n_seqs:>8.1f} {gbs:>11.1f}")
+    prefill(args, rng)
+
+
+def prefill(args, rng, n_tokens: int = 512) -> None:
+    """One causal prefill of n_tokens (one sequence): attention time per layer."""
+    bs = args.block_size
+    n_blocks = -(-n_tokens // bs)
+    tables = rng.permutation(n_blocks).astype(np.int32)[None, :]
+    pos = np.arange(n_tokens, dtype=np.int32)
+    batch = Batch(
+        token_ids=np.zeros(n_tokens, np.int32), positions=pos,
+        seq_starts=np.array([0, n_tokens], np.int32), seq_lens=np.array([n_tokens], np.int32),
+        block_tables=tables, slot_mapping=tables[0, pos // bs] * bs + pos % bs,
+        logits_indices=np.array([n_tokens - 1], np.int32), block_size=bs,
+    )
+    kv = allocate_kv(n_blocks, bs, N_KV, HEAD_DIM)
+    kv.k[:] = rng.standard_normal(kv.k.shape, dtype=np.float32)
+    kv.v[:] = rng.standard_normal(kv.v.shape, dtype=np.float32)
+    q = rng.standard_normal((n_tokens, N_HEADS, HEAD_DIM), dtype=np.float32)
+    attention(q, kv, batch, HEAD_DIM**-0.5, window=args.window)
+    times = []
+    for _ in range(max(3, args.repeat // 4)):
+        t0 = time.perf_counter()
+        attention(q, kv, batch, HEAD_DIM**-0.5, window=args.window)
+        times.append(time.perf_counter() - t0)
+    t = float(np.median(times))
+    print(f"prefill {n_tokens} tokens (1 sequence, causal): {t * 1e3:.3f} ms/layer")
 
 
 if __name__ == "__main__":
