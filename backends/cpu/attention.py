@@ -254,11 +254,12 @@ def _weigh_values(acc, vc, blk, kh, o0, o1, sc, base):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
-def _attention_chunks(q, kc, vc, block_tables, tok_seq, positions, window, chunk, n_chunks,
+def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, chunk, n_chunks,
                       scale, cap, out, part_m, part_l, part_acc, err):
     """Score chunks of each token's visible keys and reduce them to (max, sum, weighted V).
 
-    q [n, h, hd]; kc/vc [nb, bs, kvh, hd]; block_tables [n_seqs, max_blocks]; tok_seq/positions [n].
+    q [n, h, hd]; kc/vc [nb, bs, kvh, hd]; block_tables [n_seqs, max_blocks]; seq_starts
+    [n_seqs + 1]; positions [n].
     Item it = (token, kv head, chunk c) covers keys lo + c*chunk .. of the token's range [lo, p].
     With n_chunks == 1 the normalized result goes straight to out [n, h, hd]; otherwise each item
     writes part_m/part_l [n, h, n_chunks] and part_acc [n, h, n_chunks, hd] for _combine_chunks.
@@ -275,7 +276,7 @@ def _attention_chunks(q, kc, vc, block_tables, tok_seq, positions, window, chunk
         t = it // (kvh * n_chunks)
         kh = (it // n_chunks) % kvh
         c = it % n_chunks
-        s = tok_seq[t]
+        s = np.searchsorted(seq_starts, t, side="right") - 1  # the sequence owning token t
         p = positions[t]
         lo = 0
         if window > 0 and p - window + 1 > 0:
@@ -367,23 +368,30 @@ def _combine_chunks(part_m, part_l, part_acc, out):
             out[t, h, d] *= inv
 
 
-def _token_seq(seq_starts: np.ndarray, n: int) -> np.ndarray:
-    """int32 [n]: the sequence index of each token of the flat batch."""
-    counts = np.diff(seq_starts)
-    if counts.min(initial=0) < 0 or int(seq_starts[0]) != 0 or int(seq_starts[-1]) != n:
-        raise ValueError(f"attention: seq_starts {seq_starts} do not partition {n} tokens")
-    return np.repeat(np.arange(counts.shape[0], dtype=np.int32), counts)
+@nb.njit(nogil=True, cache=True)
+def _plan(positions, seq_starts, n_table_rows, window, want, min_chunk):
+    """Check the batch layout and pick (chunk, n_chunks); chunk < 0 flags a bad layout.
 
-
-def _plan_chunks(positions: np.ndarray, window: int, n_items_base: int) -> tuple[int, int]:
-    """(chunk, n_chunks): split each token's keys only when tokens x kv heads cannot fill the cores."""
-    max_keys = int(positions.max()) + 1
+    Each token's keys are split into chunks only when tokens x kv heads (`want` is the number of
+    items that keeps every thread busy, divided by kv heads) cannot fill the cores.
+    """
+    n = positions.shape[0]
+    n_seqs = seq_starts.shape[0] - 1
+    if n_seqs < 1 or n_seqs > n_table_rows or seq_starts[0] != 0 or seq_starts[n_seqs] != n:
+        return -1, 0
+    for i in range(n_seqs):
+        if seq_starts[i + 1] < seq_starts[i]:
+            return -1, 0
+    max_keys = 0
+    for t in range(n):
+        if positions[t] < 0:
+            return -2, 0
+        max_keys = max(max_keys, positions[t] + 1)
     if window > 0:
         max_keys = min(max_keys, window)
-    want = 4 * nb.get_num_threads()  # a few items per thread evens out unequal chunks
-    if n_items_base >= want or max_keys <= _MIN_CHUNK:
+    if n >= want or max_keys <= min_chunk:
         return max_keys, 1
-    n_chunks = min(-(-want // n_items_base), -(-max_keys // _MIN_CHUNK))
+    n_chunks = min(-(-want // n), -(-max_keys // min_chunk))
     chunk = -(-max_keys // n_chunks)
     return chunk, -(-max_keys // chunk)
 
@@ -410,12 +418,18 @@ def attention(
     out = np.empty(q.shape, dtype=np.float32)  # [n, h, hd]
     if n == 0:
         return out
-    if int(positions.min()) < 0:
-        raise ValueError("attention: negative position")
     q = np.ascontiguousarray(q, dtype=np.float32)
-    tok_seq = _token_seq(np.asarray(batch.seq_starts), n)
+    seq_starts = np.ascontiguousarray(batch.seq_starts, dtype=np.int32)
     block_tables = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
-    chunk, n_chunks = _plan_chunks(positions, int(window), n * kvh)
+    if block_tables.ndim != 2:
+        raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {block_tables.shape}")
+    want = -(-4 * nb.get_num_threads() // kvh)  # a few items per thread evens out unequal chunks
+    chunk, n_chunks = _plan(positions, seq_starts, block_tables.shape[0], int(window), want, _MIN_CHUNK)
+    if chunk == -1:
+        raise ValueError(f"attention: seq_starts {seq_starts} do not partition {n} tokens "
+                         f"over the {block_tables.shape[0]} block-table rows")
+    if chunk == -2:
+        raise ValueError("attention: negative position")
     h = q.shape[1]
     if n_chunks == 1:
         part_m = np.empty((n, h, 1), dtype=np.float32)
@@ -426,7 +440,7 @@ def attention(
         part_l = np.empty((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_acc = np.empty((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     err = np.zeros(1, dtype=np.int32)
-    _attention_chunks(q, kv.k, kv.v, block_tables, tok_seq, positions, int(window), chunk,
+    _attention_chunks(q, kv.k, kv.v, block_tables, seq_starts, positions, int(window), chunk,
                       n_chunks, np.float32(scale), np.float32(softcap), out, part_m, part_l,
                       part_acc, err)
     if err[0]:

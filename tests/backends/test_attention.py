@@ -134,6 +134,10 @@ def test_bad_inputs_are_clear_errors():
         store_kv(kv, q[:, :2], q[:, :2], np.array([kv.k.shape[0] * 16], dtype=np.int32))
     with pytest.raises(ValueError, match="multiple"):
         attention(q[:, :3], kv, batch, 0.1)
+    batch.seq_starts = np.array([0, 2], dtype=np.int32)  # claims 2 tokens, q has 1
+    with pytest.raises(ValueError, match="partition"):
+        attention(q, kv, batch, 0.1)
+    batch.seq_starts = np.array([0, 1], dtype=np.int32)
     batch.block_tables = batch.block_tables.copy()
     batch.block_tables[0, 1] = -1  # position 20 needs block 1
     with pytest.raises(ValueError, match="block table"):
