@@ -1,3 +1,369 @@
-"""Placeholder: kernels land in the next commit (see backends/cpu/matmul.py for the contract)."""
+"""Matmul kernels for the 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 
-KERNELS = {}
+Every kernel follows backends/cpu/matmul.py's q8_32 contract:
+    f(w_rows uint8 [m, row_bytes], xq int8 [n, k], xd float32 [n, k/32], xs int32 [n, k/32],
+      y float32 [n, m]) -> None
+Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c) with
+    Σ_j w_j x_j = xd · (d · Σ_j u_j xq_j + c · xs)
+(c = -offset·d for the symmetric types, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
+int32 accumulation — the pattern LLVM lowers to vpdpbusd.
+
+gemv (n small): one row per prange step, block dots fused with decoding, a horizontal int32 sum
+per block; memory-bound on large tensors. gemm (n larger): each row is decoded once into
+(u, d, c), then every 16-token tile of 4-interleaved activations is multiplied by it with
+simd.dot_u8i8_x16 (16 token lanes, no per-token horizontal sums).
+"""
+
+import numba as nb
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from edged.backends.cpu.simd import GROUPS, TOKENS, dot_u8i8_x16
+from edged.quant.f16 import f16_at
+
+QK = 32
+
+# IQ4_NL's non-linear 4-bit codebook (llama.cpp kvalues_iq4nl), shifted +128 to unsigned bytes.
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int16)
+IQ4NL_U8 = (IQ4NL_VALUES + 128).astype(np.uint8)
+
+# Q5's fifth bits: BIT5[byte, i] = ((byte >> i) & 1) << 4, a byte table instead of per-element shifts.
+BIT5 = ((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1).astype(np.uint8) << 4  # [256, 8]
+BIT5_FLAT = BIT5.reshape(-1).copy()  # [256 * 8]: flat int64 indexing keeps the gemv loop vectorized
+
+# kinds for the shared gemm row decoder
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
+
+
+# ---------------------------------------------------------------- gemv: fused decode + block dot
+
+
+ROWS_PER_TASK = 16  # rows per prange step: amortizes the per-step scratch allocation
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _scales(row, bsize, off, d):
+    """d[b] = fp16 at row[b*bsize + off] for every block (decoded apart: the branchy fp16
+    conversion inside the dot loop stops LLVM from vectorizing it)."""
+    for b in range(d.shape[0]):
+        d[b] = f16_at(row, b * bsize + off)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def gemv_q8_0(w, xq, xd, xs, y):
+    """Q8_0 block: fp16 d, 32 int8 q; w = d·q. q ^ 0x80 = q + 128 as unsigned, fixed by -128·Σx."""
+    m = w.shape[0]
+    n, k = xq.shape
+    nblk = k // QK
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        d = np.empty(nblk, np.float32)  # [k/32] row scales
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            row = w[r]
+            _scales(row, 34, 0, d)
+            for t in range(n):
+                acc = np.float32(0.0)
+                for b in range(nblk):
+                    o = b * 34 + 2
+                    xo = b * QK
+                    s = np.int32(0)
+                    for j in range(QK):
+                        s = np.int32(s + np.int32(row[o + j] ^ np.uint8(0x80)) * np.int32(xq[t, xo + j]))
+                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(128.0) * np.float32(xs[t, b]))
+                y[t, r] = acc
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def gemv_q4_0(w, xq, xd, xs, y):
+    """Q4_0 block: fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31); w = d·(q - 8)."""
+    m = w.shape[0]
+    n, k = xq.shape
+    nblk = k // QK
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        d = np.empty(nblk, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            row = w[r]
+            _scales(row, 18, 0, d)
+            for t in range(n):
+                acc = np.float32(0.0)
+                for b in range(nblk):
+                    o = b * 18 + 2
+                    xo = b * QK
+                    s = np.int32(0)
+                    # low nibbles, then high: one product per loop step keeps the loop vectorizable
+                    for j in range(16):
+                        s = np.int32(s + np.int32(row[o + j] & np.uint8(15)) * np.int32(xq[t, xo + j]))
+                    for j in range(16):
+                        s = np.int32(s + np.int32(row[o + j] >> np.uint8(4)) * np.int32(xq[t, xo + 16 + j]))
+                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(8.0) * np.float32(xs[t, b]))
+                y[t, r] = acc
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def gemv_q4_1(w, xq, xd, xs, y):
+    """Q4_1 block: fp16 d, fp16 min m, 16 bytes of nibbles; w = d·q + m."""
+    m = w.shape[0]
+    n, k = xq.shape
+    nblk = k // QK
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        d = np.empty(nblk, np.float32)
+        c = np.empty(nblk, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            row = w[r]
+            _scales(row, 20, 0, d)
+            _scales(row, 20, 2, c)
+            for t in range(n):
+                acc = np.float32(0.0)
+                for b in range(nblk):
+                    o = b * 20 + 4
+                    xo = b * QK
+                    s = np.int32(0)
+                    # low nibbles, then high: one product per loop step keeps the loop vectorizable
+                    for j in range(16):
+                        s = np.int32(s + np.int32(row[o + j] & np.uint8(15)) * np.int32(xq[t, xo + j]))
+                    for j in range(16):
+                        s = np.int32(s + np.int32(row[o + j] >> np.uint8(4)) * np.int32(xq[t, xo + 16 + j]))
+                    acc += xd[t, b] * (d[b] * np.float32(s) + c[b] * np.float32(xs[t, b]))
+                y[t, r] = acc
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def gemv_q5_0(w, xq, xd, xs, y):
+    """Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·(q - 16)."""
+    m = w.shape[0]
+    n, k = xq.shape
+    nblk = k // QK
+    bit5 = BIT5_FLAT
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        d = np.empty(nblk, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            row = w[r]
+            _scales(row, 22, 0, d)
+            for t in range(n):
+                acc = np.float32(0.0)
+                for b in range(nblk):
+                    o = b * 22
+                    xo = b * QK
+                    s = np.int32(0)
+                    for j in range(16):
+                        q = (row[o + 6 + j] & np.uint8(15)) | bit5[np.int64(row[o + 2 + (j >> 3)]) * 8 + (j & 7)]
+                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + j]))
+                    for j in range(16):
+                        q = (row[o + 6 + j] >> np.uint8(4)) | bit5[np.int64(row[o + 4 + (j >> 3)]) * 8 + (j & 7)]
+                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + 16 + j]))
+                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(16.0) * np.float32(xs[t, b]))
+                y[t, r] = acc
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def gemv_q5_1(w, xq, xd, xs, y):
+    """Q5_1 block: fp16 d, fp16 min m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·q + m."""
+    m = w.shape[0]
+    n, k = xq.shape
+    nblk = k // QK
+    bit5 = BIT5_FLAT
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        d = np.empty(nblk, np.float32)
+        c = np.empty(nblk, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            row = w[r]
+            _scales(row, 24, 0, d)
+            _scales(row, 24, 2, c)
+            for t in range(n):
+                acc = np.float32(0.0)
+                for b in range(nblk):
+                    o = b * 24
+                    xo = b * QK
+                    s = np.int32(0)
+                    for j in range(16):
+                        q = (row[o + 8 + j] & np.uint8(15)) | bit5[np.int64(row[o + 4 + (j >> 3)]) * 8 + (j & 7)]
+                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + j]))
+                    for j in range(16):
+                        q = (row[o + 8 + j] >> np.uint8(4)) | bit5[np.int64(row[o + 6 + (j >> 3)]) * 8 + (j & 7)]
+                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + 16 + j]))
+                    acc += xd[t, b] * (d[b] * np.float32(s) + c[b] * np.float32(xs[t, b]))
+                y[t, r] = acc
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def gemv_iq4_nl(w, xq, xd, xs, y):
+    """IQ4_NL block: fp16 d, 16 bytes of nibbles indexing a 16-value codebook; w = d·value."""
+    m = w.shape[0]
+    n, k = xq.shape
+    nblk = k // QK
+    lut = IQ4NL_U8
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        d = np.empty(nblk, np.float32)
+        u = np.empty(k, np.uint8)  # [k] codebook values of the row (+128), looked up once
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            row = w[r]
+            _scales(row, 18, 0, d)
+            for b in range(nblk):
+                for j in range(16):
+                    v = row[b * 18 + 2 + j]
+                    u[b * QK + j] = lut[v & np.uint8(15)]
+                    u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
+            for t in range(n):
+                acc = np.float32(0.0)
+                for b in range(nblk):
+                    xo = b * QK
+                    s = np.int32(0)
+                    for j in range(QK):
+                        s = np.int32(s + np.int32(u[xo + j]) * np.int32(xq[t, xo + j]))
+                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(128.0) * np.float32(xs[t, b]))
+                y[t, r] = acc
+
+
+# ---------------------------------------------------------------- gemm: decoded rows × token tiles
+
+
+@nb.njit(nogil=True, cache=True, fastmath=False, inline="always")
+def _decode_row(kind, row, u, d, c):
+    """One row of blocks -> unsigned bytes u [k], scales d [k/32], biases c [k/32] (see module doc)."""
+    nblk = d.shape[0]
+    bit5 = BIT5
+    lut = IQ4NL_U8
+    for b in range(nblk):
+        uo = b * QK
+        if kind == _Q8_0:
+            o = b * 34
+            for j in range(QK):
+                u[uo + j] = row[o + 2 + j] ^ np.uint8(0x80)
+            d[b] = f16_at(row, o)
+            c[b] = np.float32(-128.0) * d[b]
+        elif kind == _Q4_0 or kind == _Q4_1 or kind == _IQ4_NL:
+            sz = 20 if kind == _Q4_1 else 18
+            o = b * sz
+            qo = o + (4 if kind == _Q4_1 else 2)
+            for j in range(16):
+                v = row[qo + j]
+                if kind == _IQ4_NL:
+                    u[uo + j] = lut[v & np.uint8(15)]
+                    u[uo + 16 + j] = lut[v >> np.uint8(4)]
+                else:
+                    u[uo + j] = v & np.uint8(15)
+                    u[uo + 16 + j] = v >> np.uint8(4)
+            d[b] = f16_at(row, o)
+            if kind == _Q4_1:
+                c[b] = f16_at(row, o + 2)
+            elif kind == _Q4_0:
+                c[b] = np.float32(-8.0) * d[b]
+            else:
+                c[b] = np.float32(-128.0) * d[b]
+        else:  # Q5_0 / Q5_1
+            sz = 24 if kind == _Q5_1 else 22
+            o = b * sz
+            ho = o + (4 if kind == _Q5_1 else 2)
+            qo = ho + 4
+            for j in range(16):
+                v = row[qo + j]
+                u[uo + j] = (v & np.uint8(15)) | bit5[row[ho + (j >> 3)], j & 7]
+                u[uo + 16 + j] = (v >> np.uint8(4)) | bit5[row[ho + 2 + (j >> 3)], j & 7]
+            d[b] = f16_at(row, o)
+            c[b] = f16_at(row, o + 2) if kind == _Q5_1 else np.float32(-16.0) * d[b]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
+    """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) -> 16-token tiles (missing tokens are zero):
+    xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32, 16]."""
+    n, k = xq.shape
+    nblk = k // QK
+    for tb in nb.prange(ntile * nblk):
+        tile = tb // nblk
+        b = tb % nblk
+        for t in range(TOKENS):
+            tok = n0 + tile * TOKENS + t
+            live = tok < n
+            for g in range(GROUPS):
+                for q in range(4):
+                    xi[tile, b * 512 + g * 64 + t * 4 + q] = xq[tok, b * QK + g * 4 + q] if live else np.int8(0)
+            xdt[tile, b, t] = xd[tok, b] if live else np.float32(0.0)
+            xst[tile, b, t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
+    """y[n0 : n0 + n_live, :] for the prepared token tiles; each row is decoded once."""
+    m = w.shape[0]
+    ntile, nblk = xdt.shape[0], xdt.shape[1]
+    k = nblk * QK
+    ntask = (m + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in nb.prange(ntask):
+        u = np.empty(k, np.uint8)  # [k] decoded unsigned weights of one row
+        d = np.empty(nblk, np.float32)
+        c = np.empty(nblk, np.float32)
+        s = np.empty(TOKENS, np.int32)  # [16] block dot per token
+        acc = np.empty(TOKENS, np.float32)  # [16]
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            _decode_row(kind, w[r], u, d, c)
+            for tile in range(ntile):
+                xit = xi[tile]
+                for t in range(TOKENS):
+                    acc[t] = np.float32(0.0)
+                for b in range(nblk):
+                    dot_u8i8_x16(u, b * QK, xit, b * 512, s)
+                    db = d[b]
+                    cb = c[b]
+                    for t in range(TOKENS):
+                        acc[t] += xdt[tile, b, t] * (db * np.float32(s[t]) + cb * xst[tile, b, t])
+                for t in range(min(TOKENS, n_live - tile * TOKENS)):
+                    y[n0 + tile * TOKENS + t, r] = acc[t]
+
+
+# tokens per pass over the weights: keeps one pass's tiles (tokens · k bytes) within ~512 KiB of L2
+_TILE_BYTES = 512 * 1024
+
+
+@nb.njit(nogil=True, cache=True)
+def _gemm(kind, w, xq, xd, xs, y):
+    n, k = xq.shape
+    nblk = k // QK
+    tiles_per_pass = max(1, _TILE_BYTES // (TOKENS * k))
+    for n0 in range(0, n, tiles_per_pass * TOKENS):
+        n_live = min(n - n0, tiles_per_pass * TOKENS)
+        ntile = (n_live + TOKENS - 1) // TOKENS
+        xi = np.empty((ntile, nblk * 512), np.int8)  # [ntile, k/32 * 8 * 16 * 4]
+        xdt = np.empty((ntile, nblk, TOKENS), np.float32)
+        xst = np.empty((ntile, nblk, TOKENS), np.float32)
+        _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst)
+        _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y)
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_q8_0(w, xq, xd, xs, y):
+    _gemm(np.int64(_Q8_0), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_q4_0(w, xq, xd, xs, y):
+    _gemm(np.int64(_Q4_0), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_q4_1(w, xq, xd, xs, y):
+    _gemm(np.int64(_Q4_1), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_q5_0(w, xq, xd, xs, y):
+    _gemm(np.int64(_Q5_0), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_q5_1(w, xq, xd, xs, y):
+    _gemm(np.int64(_Q5_1), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+
+
+@nb.njit(nogil=True, cache=True)
+def gemm_iq4_nl(w, xq, xd, xs, y):
+    _gemm(np.int64(_IQ4_NL), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+
+
+KERNELS = {
+    T.Q4_0: (gemv_q4_0, gemm_q4_0),
+    T.Q4_1: (gemv_q4_1, gemm_q4_1),
+    T.Q5_0: (gemv_q5_0, gemm_q5_0),
+    T.Q5_1: (gemv_q5_1, gemm_q5_1),
+    T.Q8_0: (gemv_q8_0, gemm_q8_0),
+    T.IQ4_NL: (gemv_iq4_nl, gemm_iq4_nl),
+}
