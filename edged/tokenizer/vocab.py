@@ -7,12 +7,15 @@ everything it reads: a malformed vocabulary raises TokenizerError naming the key
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from edged.tokenizer.errors import TokenizerError
+
+log = logging.getLogger("edged.tokenizer")
 
 # llama.cpp's llama_token_attr bits.
 ATTR_UNDEFINED = 0
@@ -86,15 +89,20 @@ _pre(("poro-chat",), "bloom", clean_spaces=False)
 _pre(("bloom", "gpt3-finnish"), "bloom")
 
 
-def _opt_id(gf, key: str, default: int | None, n_tokens: int) -> int | None:
-    """A special-token id key; out-of-vocabulary values are an error (llama.cpp only warns)."""
+def _opt_id(gf, key: str, default: int | None, n_tokens: int, strict: bool = True) -> int | None:
+    """A special-token id key. Out-of-vocabulary values are an error when `strict` (ids edged
+    encodes or stops on); otherwise, as llama.cpp does, a warning and the default."""
     if default is not None and default >= n_tokens:
         default = None  # llama.cpp disables default ids that fall outside the vocabulary
     if key not in gf:
         return default
     v = gf.get_int(key)
     if not 0 <= v < n_tokens:
-        raise TokenizerError(f"{key} = {v} is outside the vocabulary (0..{n_tokens - 1})")
+        if strict:
+            raise TokenizerError(f"{key} = {v} is outside the vocabulary (0..{n_tokens - 1})")
+        # e.g. a padding id equal to the vocabulary size, common in converted Llama 3 files
+        log.warning("%s = %d is outside the vocabulary (0..%d); ignored", key, v, n_tokens - 1)
+        return default
     return v
 
 
@@ -250,11 +258,10 @@ def _apply_model_defaults(v: Vocab, gf) -> None:
     v.eom_id = _opt_id(gf, k + "eom_token_id", None, n)
     v.unk_id = _opt_id(gf, k + "unknown_token_id", unk, n)
     v.sep_id = _opt_id(gf, k + "seperator_token_id", None, n)
-    v.pad_id = _opt_id(gf, k + "padding_token_id", None, n)
-    fim = {name: _opt_id(gf, k + name + "_token_id", None, n) for name in _FIM_TEXTS}
+    v.pad_id = _opt_id(gf, k + "padding_token_id", None, n, strict=False)
+    fim = {name: _opt_id(gf, k + name + "_token_id", None, n, strict=False) for name in _FIM_TEXTS}
     for old, name in (("prefix", "fim_pre"), ("suffix", "fim_suf"), ("middle", "fim_mid")):
-        fim[name] = _opt_id(gf, k + old + "_token_id", fim[name], n)  # deprecated key names
-    _opt_id(gf, k + "mask_token_id", None, n)  # validated only; edged does not use it
+        fim[name] = _opt_id(gf, k + old + "_token_id", fim[name], n, strict=False)  # deprecated key names
 
     v.add_bos = gf.get_bool(k + "add_bos_token", v.add_bos)
     v.add_eos = gf.get_bool(k + "add_eos_token", v.add_eos)

@@ -38,6 +38,12 @@ def test_rejected(tmp_path, kw, match):
         load(tmp_path, **kw)
 
 
+def test_out_of_range_padding_id_is_ignored_like_llamacpp(tmp_path, caplog):
+    tok = load(tmp_path, ints={"padding_token_id": 5})
+    assert tok.vocab.pad_id is None
+    assert "padding_token_id = 5 is outside the vocabulary" in caplog.text
+
+
 def test_wrong_stored_type_is_a_clear_error(tmp_path):
     # scores stored as strings: the typed accessor refuses them
     with pytest.raises(ValueError, match="tokenizer.ggml.scores"):
