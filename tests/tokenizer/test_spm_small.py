@@ -3,7 +3,7 @@
 import pytest
 
 from edged.tokenizer import Tokenizer
-from tests.tokenizer.vocab_files import BYTE, CONTROL, NORMAL, USER_DEFINED, spm_vocab, write_vocab
+from tests.tokenizer.vocab_files import CONTROL, NORMAL, USER_DEFINED, spm_vocab, write_vocab
 
 # ids 0..2 <unk> <s> </s>; byte token of byte b = 3 + b; extra tokens from 259
 EXTRA = [
