@@ -1,0 +1,106 @@
+"""`edged serve [MODEL]`: the OpenAI-compatible HTTP server. Every flag is also an EDGED_*
+environment variable (e.g. EDGED_PORT=9000, EDGED_API_KEY=...)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+
+def _split(values) -> tuple[str, ...]:
+    """Repeated flags, or one env var holding a comma/space separated list."""
+    out = []
+    for v in values or ():
+        out.extend(p for p in v.replace(",", " ").split() if p)
+    return tuple(out)
+
+
+def _opt(*decls, env: str, **kw):
+    return click.option(*decls, envvar=f"EDGED_{env}", show_envvar=True, **kw)
+
+
+@click.command("serve")
+@click.argument("model", required=False, envvar="EDGED_MODEL")
+@_opt("--host", env="HOST", default="127.0.0.1", show_default=True,
+      help="Address to bind. Anything but loopback needs --api-key (or --insecure).")
+@_opt("--port", env="PORT", type=int, default=8080, show_default=True, help="TCP port.")
+@_opt("--ctx", env="CTX", type=int, default=4096, show_default=True,
+      help="Most tokens (prompt + output) per request (capped at the model's context).")
+@_opt("--max-seqs", env="MAX_SEQS", type=int, default=8, show_default=True,
+      help="Requests generating at once; more wait in the queue.")
+@_opt("--max-batch-tokens", env="MAX_BATCH_TOKENS", type=int, default=512, show_default=True,
+      help="Tokens per engine step (prefill chunks + decodes).")
+@_opt("--kv-memory", env="KV_MEMORY", default=None,
+      help="KV cache budget: 2GiB, 512MB, or a fraction of free RAM (0.25). Default: ctx x max-seqs.")
+@_opt("--block-size", env="BLOCK_SIZE", type=int, default=16, show_default=True,
+      help="Tokens per KV block.")
+@_opt("--no-prefix-cache", env="NO_PREFIX_CACHE", is_flag=True, help="Disable prefix caching.")
+@_opt("--model-alias", env="MODEL_ALIAS", default=None,
+      help="Model id reported by /v1/models and accepted in requests.")
+@_opt("--api-key", env="API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@_opt("--api-key-file", env="API_KEY_FILE", default=None, type=click.Path(dir_okay=False),
+      help="File with API keys, one per line.")
+@_opt("--cors-origin", env="CORS_ORIGIN", multiple=True,
+      help="Origin allowed by CORS (repeatable; none by default: no CORS headers).")
+@_opt("--allowed-host", env="ALLOWED_HOST", multiple=True,
+      help="Extra Host header value accepted (repeatable; '*' accepts any).")
+@_opt("--max-queue", env="MAX_QUEUE", type=int, default=64, show_default=True,
+      help="Requests queued beyond --max-seqs before answering 503.")
+@_opt("--drain-timeout", env="DRAIN_TIMEOUT", type=float, default=30.0, show_default=True,
+      help="Seconds in-flight requests may finish after SIGTERM/SIGINT.")
+@_opt("--log-level", env="LOG_LEVEL", default="info", show_default=True,
+      type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False))
+@_opt("--insecure", env="INSECURE", is_flag=True,
+      help="Allow a non-loopback bind without an API key.")
+@_opt("--chat-template", env="CHAT_TEMPLATE", default=None,
+      help="Chat template: a built-in name or Jinja source (default: the model's).")
+@_opt("--max-body-bytes", env="MAX_BODY_BYTES", type=int, default=8 * 2**20, show_default=True,
+      help="Largest request body accepted (else 413).")
+def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block_size,
+            no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
+            max_queue, drain_timeout, log_level, insecure, chat_template, max_body_bytes):
+    """Serve MODEL (default: the installed Gemma 3 270M) over an OpenAI-compatible API."""
+    from edged.server.app import create_app
+    from edged.server.config import ServerConfig, read_api_key_file
+    from edged.server.lifecycle import ServerState, run_server
+
+    keys = tuple(k for k in (api_key,) if k)
+    try:
+        if api_key_file:
+            keys += read_api_key_file(api_key_file)
+        config = ServerConfig(
+            model=model, host=host, port=port, ctx=ctx, max_seqs=max_seqs,
+            max_batch_tokens=max_batch_tokens, kv_memory=kv_memory, block_size=block_size,
+            prefix_cache=not no_prefix_cache, model_alias=model_alias, api_keys=keys,
+            cors_origins=_split(cors_origin), allowed_hosts=_split(allowed_host),
+            max_queue=max_queue, drain_timeout=drain_timeout, log_level=log_level.lower(),
+            insecure=insecure, chat_template=chat_template, max_body_bytes=max_body_bytes)
+        config.validate()
+        if kv_memory is not None:
+            from edged.engine.sizing import parse_memory
+
+            parse_memory(kv_memory)  # fail on a typo now, not after loading
+    except (OSError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    _setup_logging(config.log_level)
+    state = ServerState(config)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+
+    def announce(st):
+        logging.getLogger("edged.server").info(
+            "ready: %s at %s (OpenAI API under %s/v1)%s", st.model_name, url, url,
+            "; API key required" if keys else "")
+
+    state.on_ready = announce
+    sys.exit(run_server(state, create_app(state)))
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("edged: %(message)s"))
+    lg = logging.getLogger("edged")
+    lg.handlers[:] = [handler]
+    lg.setLevel(level.upper())
+    lg.propagate = False

@@ -1,0 +1,87 @@
+"""Server settings: one dataclass filled from `edged serve` flags (each also an EDGED_* variable)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "EDGED_"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address only accepts connections from this machine."""
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class ServerConfig:
+    """Everything `edged serve` needs; validate() checks the combination before any loading."""
+
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx: int = 4096  # most tokens (prompt + output) in one request
+    max_seqs: int = 8
+    max_batch_tokens: int = 512
+    kv_memory: str | None = None  # "2GiB", "512MB" or a fraction of free RAM; else ctx x max_seqs
+    block_size: int = 16
+    prefix_cache: bool = True
+    model_alias: str | None = None
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    max_queue: int = 64  # requests waiting beyond max_seqs before 503
+    drain_timeout: float = 30.0
+    log_level: str = "info"
+    insecure: bool = False
+    chat_template: str | None = None
+    max_body_bytes: int = 8 * 2**20
+    max_header_bytes: int = 16 * 2**10
+    warmup: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError for a setting that cannot work (or is unsafe without --insecure)."""
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        for name in ("ctx", "max_seqs", "max_batch_tokens", "block_size", "max_body_bytes",
+                     "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.max_queue < 0:
+            raise ValueError("--max-queue must be >= 0")
+        if self.drain_timeout < 0:
+            raise ValueError("--drain-timeout must be >= 0")
+        if any(not k for k in self.api_keys):
+            raise ValueError("an API key must not be empty")
+        if not is_loopback(self.host) and not self.api_keys and not self.insecure:
+            raise ValueError(
+                f"refusing to listen on {self.host} (reachable from other machines) without an API "
+                f"key: give --api-key / --api-key-file, or --insecure to accept the risk")
+
+    @property
+    def served_model_name(self) -> str:
+        """The id clients use in `model` (alias, else the file name without .gguf)."""
+        if self.model_alias:
+            return self.model_alias
+        return Path(self.model).stem if self.model else "default"
+
+
+def read_api_key_file(path: str) -> tuple[str, ...]:
+    """API keys from a file, one per line; blank lines and #-comments ignored."""
+    keys = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keys.append(line)
+    if not keys:
+        raise ValueError(f"API key file {path} holds no key")
+    return tuple(keys)
