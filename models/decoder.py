@@ -156,6 +156,8 @@ class DecoderModel:
         for i, layer in enumerate(self.layers):
             x = self._layer(self.layer_ops[i], layer, x, batch, kv[i], rows if i == last else None)
         ops = self.output_ops
+        if x.shape[0] == 0:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
         x = ops.rms_norm(x, self.output_norm, self.hparams.eps)
         logits = ops.matmul(self.output, x)  # [n_out, vocab]
         if self.final_softcap:
@@ -171,6 +173,8 @@ class DecoderModel:
         if rows is not None:  # only these rows matter from here on (logits of the last layer)
             o, x = o[rows], x[rows]
             n = o.shape[0]
+            if n == 0:  # a pure prefill chunk: the KV is written, no logits are wanted
+                return x
         o = ops.matmul(lw.attn.wo, o.reshape(n, -1))  # [n, n_embd]
         if lw.post_attn_norm is not None:
             o = ops.rms_norm(o, lw.post_attn_norm, eps)
