@@ -193,8 +193,8 @@ def _render_source(source: str, is_builtin: bool, messages: Any, *, bos_token: s
     if tools is not None:
         variables["tools"] = _plain(tools, "tools")
     # A legitimately long conversation must not hit the output cap: scale it with the input.
-    input_chars = len(json.dumps([msgs, variables.get("tools"), extra and variables], ensure_ascii=False,
-                                 default=str))
+    input_chars = len(json.dumps([msgs, variables.get("tools"), dict(extra or {})],
+                                 ensure_ascii=False, default=str))
     limit = max(int(max_output_chars), 2 * input_chars)
     return render_bounded(_compiled(source), variables, timeout_s=timeout_s, max_output_chars=limit)
 
