@@ -184,9 +184,10 @@ def _check_brace_format(fmt: str) -> None:
             _refuse(f"chat template used a format width over {MAX_FORMAT_WIDTH}")
 
 
-def _check_args(args: tuple, kwargs: dict, what: str) -> None:
+def _check_args(args: tuple, kwargs: dict, what: str, *, ints: bool = True) -> None:
     for v in (*args, *kwargs.values()):
-        _check_int(v, what)
+        if ints:
+            _check_int(v, what)
         if isinstance(v, (list, tuple, dict, set, frozenset)):
             _check_weight(v, what)
 
@@ -218,6 +219,9 @@ def _pre_check_str_method(target: Any, args: tuple, kwargs: dict) -> None:
             _check_len(weight(seq, _budget().size_limit) + len(s) * len(seq), name)
     elif name in ("format", "format_map"):
         _check_brace_format(s)
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((len(v) for v in args[0].values() if isinstance(v, str)), default=1)
+        _check_len(len(s) * max(1, longest), name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,9 +258,11 @@ def _wrap_filter(name: str, func: Any) -> Any:
         b.tick()
         # pass_context / pass_environment filters get that object first: it is not data.
         data = list(args[1:] if passes_arg else args)
-        _check_args(tuple(data), kwargs, f"filter {name!r}")
         value = data[0] if data else None
         rest = data[1:]
+        # Integer caps apply to the filter's arguments (widths, counts), not to the filtered value.
+        _check_args((value,), {}, f"filter {name!r}", ints=False)
+        _check_args(tuple(rest), kwargs, f"filter {name!r}")
         if name == "indent" and isinstance(value, str):
             width = rest[0] if rest else kwargs.get("width", 4)
             w = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
@@ -331,9 +337,9 @@ class _StaticGuard(NodeTransformer):
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         node = self.generic_visit(node)
-        if not node.recursive:
-            node.iter = nodes.Filter(node.iter, "edged_guard_iter", [], [], None, None,
-                                     lineno=node.lineno)
+        # Recursive loops re-enter through loop(...) calls, which tick the budget themselves.
+        node.iter = nodes.Filter(node.iter, "edged_guard_iter", [], [], None, None,
+                                 lineno=node.lineno)
         return node
 
 
@@ -371,11 +377,15 @@ class _GenerationTag(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
+_BUILTIN_CALLABLES = (types.BuiltinMethodType, types.BuiltinFunctionType, types.MethodWrapperType,
+                      types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
 class GuardedEnvironment(ImmutableSandboxedEnvironment):
     """ImmutableSandboxedEnvironment with the budget hooks described in the module docstring."""
 
     code_generator_class = _GuardedCodeGenerator
-    intercepted_binops = frozenset({"+", "*", "**", "%", "//"})
+    intercepted_binops = frozenset({"+", "*", "**", "%"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         raise ChatTemplateError(
@@ -400,15 +410,17 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
             elif isinstance(right, (int, float)) and abs(right) > MAX_INT_ARG:
                 _refuse("chat template computed a power too large")
         elif operator == "%" and isinstance(left, str):
-            _check_percent_format(left)
-            _check_args(right if isinstance(right, tuple) else (right,), {}, "'%'")
+            _check_percent_format(left)  # widths come from the format; argument values are data
+            _check_args(right if isinstance(right, tuple) else (right,), {}, "'%'", ints=False)
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         b = _budget()
         b.tick()
-        _check_args(args, kwargs, "a call")
         target = getattr(__obj, "__wrapped__", __obj)
+        # Integer caps for built-in methods (ljust, zfill, …: where amplifiers live), not for
+        # macros, namespace() or dict() whose integer arguments are plain data.
+        _check_args(args, kwargs, "a call", ints=isinstance(target, _BUILTIN_CALLABLES))
         if isinstance(target, types.BuiltinMethodType) and isinstance(
             getattr(target, "__self__", None), str
         ):

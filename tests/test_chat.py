@@ -225,6 +225,14 @@ def test_realistic_template_constructs_are_allowed():
                    "anon:xa-3:1+2:3")
 
 
+def test_plain_data_and_recursive_loops_are_not_refused():
+    # Large integers as data (not as widths/counts) and recursive loops are ordinary template use.
+    tmpl = ("{{ namespace(ts=1700000000).ts }}|{{ '%d' % 1700000000 }}|{{ 1700000000 | string }}|"
+            "{% for x in [1, [2, [3]]] recursive %}{% if x is iterable %}{{ loop(x) }}"
+            "{% else %}{{ x }}{% endif %}{% endfor %}")
+    assert render_chat(CONV, tmpl, bos_token="", eos_token="") == "1700000000|1700000000|1700000000|123"
+
+
 def test_bad_messages_are_clear_errors():
     for bad, match in [
         ("hello", "messages must be a list"),
