@@ -1,7 +1,9 @@
 """Decode attention time per layer for Gemma 3 270M's shapes (4 q heads, 1 kv head, head_dim 256).
 
 Prints, for contexts 512/2k/8k and 1 or 16 sequences, the median time of one attention call
-(every sequence decoding one token over its whole context) and the K/V bytes it streams.
+(every sequence decoding one token over its whole context) and the K/V bytes it streams, as wall
+time and as process CPU time (which a busy shared machine inflates less; with NUMBA_NUM_THREADS=1
+it is the kernel's own cost, while with more threads it also counts spin-waiting).
 Usage: .venv/bin/python bench/attention.py [--repeat 20] [--block-size 16] [--window 0]
 """
 
@@ -40,7 +42,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"decode attention, {N_HEADS} q heads / {N_KV} kv head / head_dim {HEAD_DIM}, "
           f"block {args.block_size}, window {args.window}, median of {args.repeat}")
-    print(f"{'ctx':>6} {'seqs':>5} {'ms/layer':>9} {'us/seq':>8} {'GB/s (K+V)':>11}")
+    print(f"{'ctx':>6} {'seqs':>5} {'ms/layer':>9} {'us/seq':>8} {'GB/s (K+V)':>11} {'cpu ms':>8}")
     for n_seqs in (1, 16):
         for ctx in (512, 2048, 8192):
             batch, n_blocks = decode_batch(n_seqs, ctx, args.block_size, rng)
@@ -49,15 +51,17 @@ def main() -> None:
             kv.v[:] = rng.standard_normal(kv.v.shape, dtype=np.float32)
             q = rng.standard_normal((n_seqs, N_HEADS, HEAD_DIM), dtype=np.float32)
             attention(q, kv, batch, HEAD_DIM**-0.5, window=args.window)  # compile / warm
-            times = []
+            times, cpu = [], []
             for _ in range(args.repeat):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 attention(q, kv, batch, HEAD_DIM**-0.5, window=args.window)
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
             t = float(np.median(times))
             keys = min(ctx, args.window) if args.window > 0 else ctx
             gbs = 2 * n_seqs * keys * N_KV * HEAD_DIM * 4 / t / 1e9
-            print(f"{ctx:>6} {n_seqs:>5} {t * 1e3:>9.3f} {t * 1e6 / n_seqs:>8.1f} {gbs:>11.1f}")
+            print(f"{ctx:>6} {n_seqs:>5} {t * 1e3:>9.3f} {t * 1e6 / n_seqs:>8.1f} {gbs:>11.1f} "
+                  f"{np.median(cpu) * 1e3:>8.3f}")
     prefill(args, rng)
 
 
@@ -78,13 +82,14 @@ def prefill(args, rng, n_tokens: int = 512) -> None:
     kv.v[:] = rng.standard_normal(kv.v.shape, dtype=np.float32)
     q = rng.standard_normal((n_tokens, N_HEADS, HEAD_DIM), dtype=np.float32)
     attention(q, kv, batch, HEAD_DIM**-0.5, window=args.window)
-    times = []
+    times, cpu = [], []
     for _ in range(max(3, args.repeat // 4)):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         attention(q, kv, batch, HEAD_DIM**-0.5, window=args.window)
         times.append(time.perf_counter() - t0)
-    t = float(np.median(times))
-    print(f"prefill {n_tokens} tokens (1 sequence, causal): {t * 1e3:.3f} ms/layer")
+        cpu.append(time.process_time() - c0)
+    print(f"prefill {n_tokens} tokens (1 sequence, causal): {np.median(times) * 1e3:.3f} ms/layer "
+          f"(cpu {np.median(cpu) * 1e3:.3f} ms)")
 
 
 if __name__ == "__main__":
