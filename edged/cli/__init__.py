@@ -7,6 +7,8 @@ import click
 # command name -> module under edged.cli defining a click command called `command`
 _COMMANDS = {
     "info": "info",
+    "perplexity": "perplexity",
+    "run": "run",
     "serve": "serve",
 }
 

@@ -1,0 +1,21 @@
+"""Click options shared by several commands (one definition each)."""
+
+import click
+
+model_argument = click.argument("model", required=False)
+
+
+def sampling_options(f):
+    """--max-tokens, --temperature, --top-k, --top-p, --min-p, --seed (llama.cpp's defaults)."""
+    for opt in reversed([
+        click.option("--max-tokens", "-n", type=int, default=128, show_default=True,
+                     help="Tokens to generate at most."),
+        click.option("--temperature", type=float, default=0.8, show_default=True,
+                     help="0 = greedy."),
+        click.option("--top-k", type=int, default=40, show_default=True, help="0 = off."),
+        click.option("--top-p", type=float, default=0.95, show_default=True),
+        click.option("--min-p", type=float, default=0.05, show_default=True),
+        click.option("--seed", type=int, default=None, help="Random seed (reproducible sampling)."),
+    ]):
+        f = opt(f)
+    return f
