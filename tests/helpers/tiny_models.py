@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
+from edged.quant.types import row_bytes
 from tests.helpers.qdata import random_qtensor
 
 ARCHS = ("gemma3", "llama", "qwen2", "qwen3", "phi3")
@@ -250,15 +251,12 @@ def write_tiny_model(path, arch: str, *, seed: int = 0, omit: tuple = (), reshap
     for tname, (arr, raw_dtype) in tensors.items():
         if tname in omit:
             continue
-        shape = None
         if reshape and tname in reshape:
-            shape = tuple(reshape[tname])
-            if raw_dtype is None:
-                arr, shape = arr.reshape(shape), None
+            rows, cols = (1, *reshape[tname])[-2:]
+            # quantized tensors are byte arrays [rows, row_bytes]: reshape the bytes
+            arr = arr.reshape(reshape[tname]) if raw_dtype is None else arr.reshape(rows, row_bytes(raw_dtype, cols))
         if raw_dtype is None:
             wr.add_tensor(tname, arr)
-        elif shape is not None:
-            wr.add_tensor(tname, arr, raw_shape=shape, raw_dtype=raw_dtype)
         else:
             wr.add_tensor(tname, arr, raw_dtype=raw_dtype)
     wr.write_header_to_file()

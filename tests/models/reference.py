@@ -1,0 +1,145 @@
+"""Independent float64 numpy forward passes of each architecture, for testing the model code.
+
+Reads the GGUF with gguf-py's own reader and dequantizer (not edged's loader nor edged.models),
+keeps every weight dense, and runs one sequence at a time with unpaged causal attention.
+
+    ref = ReferenceModel(path)
+    logits = ref.logits([2, 17, 40])      # float64 [3, vocab]: one row per position
+"""
+
+import math
+
+import gguf
+import numpy as np
+from gguf.quants import dequantize
+
+
+class ReferenceModel:
+    """A GGUF model held as float64 arrays, with a plain forward per architecture."""
+
+    def __init__(self, path):
+        r = gguf.GGUFReader(str(path))
+        self.meta = {k: f.contents() for k, f in r.fields.items()}
+        self.arch = self.meta["general.architecture"]
+        self.w = {t.name: dequantize(t.data, t.tensor_type).astype(np.float64).reshape(
+            tuple(int(d) for d in reversed(t.shape))) for t in r.tensors}
+
+    def m(self, suffix, default=None):
+        return self.meta.get(f"{self.arch}.{suffix}", default)
+
+    def logits(self, tokens) -> np.ndarray:
+        """Logits of every position of one sequence starting at position 0: [len(tokens), vocab]."""
+        fwd = {"gemma3": self._gemma3, "llama": self._llama, "mistral": self._llama,
+               "qwen2": self._llama, "qwen3": self._llama, "phi3": self._phi3}[self.arch]
+        return fwd(np.asarray(tokens))
+
+    # --- building blocks ---------------------------------------------------------------------
+    def norm(self, x, name):
+        eps = self.m("attention.layer_norm_rms_epsilon")
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * self.w[name]
+
+    @staticmethod
+    def rope(x, base, neox, scale=1.0, factors=None):
+        """x [T, heads, d]: rotate (i, i+d/2) pairs (neox) or (2i, 2i+1) pairs, via complex numbers."""
+        T, _, d = x.shape
+        freqs = base ** (-np.arange(0, d, 2) / d)
+        if factors is not None:
+            freqs = freqs / factors
+        rot = np.exp(1j * np.outer(np.arange(T) * scale, freqs))[:, None, :]  # [T, 1, d/2]
+        if neox:
+            z = (x[..., : d // 2] + 1j * x[..., d // 2 :]) * rot
+            return np.concatenate([z.real, z.imag], axis=-1)
+        z = (x[..., 0::2] + 1j * x[..., 1::2]) * rot
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = z.real, z.imag
+        return out
+
+    @staticmethod
+    def attend(q, k, v, scale, window=0):
+        """Dense causal GQA attention: q [T, H, d], k/v [T, KVH, d] -> [T, H*d]."""
+        T, H, d = q.shape
+        rep = H // k.shape[1]
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        s = np.einsum("thd,jhd->htj", q, k) * scale
+        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+        mask = (j <= i) & ((i - j < window) if window else True)
+        s = np.where(mask[None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return np.einsum("htj,jhd->thd", p, v).reshape(T, H * d)
+
+    def output(self, x):
+        x = self.norm(x, "output_norm.weight")
+        return x @ self.w.get("output.weight", self.w["token_embd.weight"]).T
+
+    # --- architectures -------------------------------------------------------------------------
+    def _heads(self):
+        H, KVH = self.m("attention.head_count"), self.m("attention.head_count_kv")
+        d = self.m("attention.key_length", self.m("embedding_length") // H)
+        return H, KVH, d
+
+    def _gemma3(self, tokens):
+        H, KVH, d = self._heads()
+        n_embd, window = self.m("embedding_length"), self.m("attention.sliding_window", 0)
+        x = self.w["token_embd.weight"][tokens] * math.sqrt(n_embd)
+        T = len(tokens)
+        for il in range(self.m("block_count")):
+            p = f"blk.{il}."
+            local = window and (il % 6) != 5
+            base = 10000.0 if local else self.m("rope.freq_base")
+            h = self.norm(x, p + "attn_norm.weight")
+            q = (h @ self.w[p + "attn_q.weight"].T).reshape(T, H, d)
+            k = (h @ self.w[p + "attn_k.weight"].T).reshape(T, KVH, d)
+            v = (h @ self.w[p + "attn_v.weight"].T).reshape(T, KVH, d)
+            q = self.rope(self.norm(q, p + "attn_q_norm.weight"), base, True)
+            k = self.rope(self.norm(k, p + "attn_k_norm.weight"), base, True)
+            o = self.attend(q, k, v, 1 / math.sqrt(d), window if local else 0) @ self.w[p + "attn_output.weight"].T
+            x = x + self.norm(o, p + "post_attention_norm.weight")
+            h = self.norm(x, p + "ffn_norm.weight")
+            g = h @ self.w[p + "ffn_gate.weight"].T
+            gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+            f = (gelu * (h @ self.w[p + "ffn_up.weight"].T)) @ self.w[p + "ffn_down.weight"].T
+            x = x + self.norm(f, p + "post_ffw_norm.weight")
+        return self.output(x)
+
+    def _llama(self, tokens):
+        """llama / qwen2 (biases) / qwen3 (q/k norms): pre-norm, SiLU gated FFN."""
+        H, KVH, d = self._heads()
+        neox = self.arch in ("qwen2", "qwen3")  # llama / mistral: interleaved pairs
+        scale = 1.0 / self.m("rope.scaling.factor", 1.0) if self.m("rope.scaling.type") == "linear" else 1.0
+        factors = self.w.get("rope_freqs.weight")
+        x = self.w["token_embd.weight"][tokens]
+        T = len(tokens)
+        for il in range(self.m("block_count")):
+            p = f"blk.{il}."
+            h = self.norm(x, p + "attn_norm.weight")
+            q, k, v = (h @ self.w[p + f"attn_{n}.weight"].T + self.w.get(p + f"attn_{n}.bias", 0.0)
+                       for n in "qkv")
+            q, k, v = q.reshape(T, H, d), k.reshape(T, KVH, d), v.reshape(T, KVH, d)
+            if p + "attn_q_norm.weight" in self.w:
+                q, k = self.norm(q, p + "attn_q_norm.weight"), self.norm(k, p + "attn_k_norm.weight")
+            q = self.rope(q, self.m("rope.freq_base"), neox, scale, factors)
+            k = self.rope(k, self.m("rope.freq_base"), neox, scale, factors)
+            x = x + self.attend(q, k, v, 1 / math.sqrt(d)) @ self.w[p + "attn_output.weight"].T
+            h = self.norm(x, p + "ffn_norm.weight")
+            g = h @ self.w[p + "ffn_gate.weight"].T
+            x = x + (g / (1 + np.exp(-g)) * (h @ self.w[p + "ffn_up.weight"].T)) @ self.w[p + "ffn_down.weight"].T
+        return self.output(x)
+
+    def _phi3(self, tokens):
+        """Fused qkv and gate|up projections, NEOX RoPE, no sliding window (as llama.cpp)."""
+        H, KVH, d = self._heads()
+        x = self.w["token_embd.weight"][tokens]
+        T = len(tokens)
+        for il in range(self.m("block_count")):
+            p = f"blk.{il}."
+            h = self.norm(x, p + "attn_norm.weight")
+            qkv = h @ self.w[p + "attn_qkv.weight"].T
+            q, k, v = np.split(qkv, [H * d, (H + KVH) * d], axis=1)
+            q = self.rope(q.reshape(T, H, d), self.m("rope.freq_base"), True)
+            k = self.rope(k.reshape(T, KVH, d), self.m("rope.freq_base"), True)
+            x = x + self.attend(q, k, v.reshape(T, KVH, d), 1 / math.sqrt(d)) @ self.w[p + "attn_output.weight"].T
+            h = self.norm(x, p + "ffn_norm.weight")
+            g, u = np.split(h @ self.w[p + "ffn_up.weight"].T, 2, axis=1)
+            x = x + (g / (1 + np.exp(-g)) * u) @ self.w[p + "ffn_down.weight"].T
+        return self.output(x)
