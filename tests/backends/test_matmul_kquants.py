@@ -1,0 +1,111 @@
+"""K-quant / IQ4_XS matmul kernels vs x @ dequantize(W).T (gguf-py's dequantizer as ground truth)."""
+
+import edged  # noqa: F401  (numba settings before numba is imported)
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from edged.backends.cpu import matmul_kquants as mk
+from edged.backends.cpu.act_quant import quantize_activations
+from tests.helpers.qdata import random_qtensor, reference_dequantize
+
+# ||y - ref|| / ||ref|| bounds. The only approximation is the int8 per-32 activation quantization
+# (~0.5-1% on random data); Q2_K/Q3_K's few weight levels make the relative error a little larger.
+REL_ERR = {T.Q2_K: 0.02, T.Q3_K: 0.02, T.Q4_K: 0.015, T.Q5_K: 0.015, T.Q6_K: 0.015, T.IQ4_XS: 0.015}
+TYPES = list(mk.KERNELS)
+
+
+def _rel_err(y, ref):
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def _run(kernel, w, x):
+    xq, xd, xs = quantize_activations(x)
+    y = np.full((x.shape[0], w.n_rows), np.nan, dtype=np.float32)  # [n, m]; NaN shows unwritten
+    kernel(w.rows(), xq, xd, xs, y)
+    return y
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k,m", [(256, 7), (512, 33), (768, 7), (2048, 33)])
+def test_kernels_match_reference(qtype, k, m):
+    """gemv and gemm over 1-3 superblocks and a long row, odd m, n in {1, 3, 17, 64}."""
+    w = random_qtensor(qtype, m, k, seed=k + m)
+    wf = reference_dequantize(w)  # [m, k]
+    gemv, gemm = mk.KERNELS[qtype]
+    rng = np.random.default_rng(k)
+    for n in (1, 3, 17, 64):
+        x = rng.standard_normal((n, k)).astype(np.float32)  # [n, k]
+        ref = x @ wf.T  # [n, m]
+        kernels = (gemv, gemm) if n < 64 else (gemm,)  # gemv is for small n; keep CI lean
+        for kern in kernels:
+            y = _run(kern, w, x)
+            assert np.isfinite(y).all(), f"{kern.__name__} left outputs unwritten"
+            err = _rel_err(y, ref)
+            assert err < REL_ERR[qtype], f"{kern.__name__} n={n} k={k} m={m}: rel err {err:.4f}"
+
+
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q6_K], ids=lambda t: t.name)
+def test_extreme_subblock_scales(qtype):
+    """Sub-block scales at their limits (Q3_K -32 and +31, Q6_K ±127, Q2_K 15) and all-max quants:
+    the scale-folding and offset paths must stay exact up to activation rounding."""
+    w = random_qtensor(qtype, 5, 512, seed=1)
+    blocks = w.data.reshape(-1, {T.Q2_K: 84, T.Q3_K: 110, T.Q6_K: 210}[qtype])
+    if qtype == T.Q2_K:
+        blocks[:, 0:16] = 0xFF  # scale 15, min 15
+        blocks[:, 16:80] = 0xFF  # all quants 3
+    elif qtype == T.Q3_K:
+        blocks[0::2, 96:108] = 0x00  # every scale -32
+        blocks[1::2, 96:108] = 0xFF  # every scale +31
+        blocks[:, 0:32] = 0x00  # high bit 0: quant value -4 (the largest magnitude)
+    else:
+        blocks[0::2, 192:208] = 0x80  # scale -128
+        blocks[1::2, 192:208] = 0x7F  # scale +127
+        blocks[:, 0:192] = 0x00  # quant value -32
+    wf = reference_dequantize(w)
+    x = np.random.default_rng(2).standard_normal((17, 512)).astype(np.float32)
+    ref = x @ wf.T
+    for kern in mk.KERNELS[qtype]:
+        err = _rel_err(_run(kern, w, x), ref)
+        assert err < REL_ERR[qtype], f"{kern.__name__}: rel err {err:.4f}"
+
+
+@pytest.mark.slow
+def test_vnni_in_kernels():
+    """Both shared kernels compile to VNNI on hosts that have it (see ARCHITECTURE.md). Compiles
+    uncached copies: Numba cannot inspect code loaded from its on-disk cache."""
+    import numba as nb
+
+    from edged.backends.cpu import simd
+
+    if not simd.USE_VNNI:
+        pytest.skip("host has no AVX-512 VNNI")
+    w = random_qtensor(T.Q4_K, 7, 256)
+    xq, xd, xs = quantize_activations(np.ones((17, 256), np.float32))
+    y = np.empty((17, 7), np.float32)
+    for kern in (mk.gemv_kquant, mk.gemm_kquant):
+        fresh = nb.njit(parallel=True, nogil=True)(kern.py_func)
+        fresh(w.rows(), xq, xd, xs, y, mk.Q4_K, mk._IQ4_LEVELS_U8)
+        assert "vpdpbusd" in fresh.inspect_asm(fresh.signatures[0])
+
+
+def test_real_tensors_of_default_model():
+    """A real Q4_K and a real Q6_K ffn_down [640, 2048] of Gemma 3 270M Q4_K_M, n = 1 and 17."""
+    from tests.helpers.model import default_model_path
+    from edged.quant.gguf import load_gguf
+
+    path = default_model_path()
+    gf = load_gguf(path)
+    found = {}
+    for t in gf.tensors.values():
+        if t.qtype in (T.Q4_K, T.Q6_K) and t.qtype not in found and "ffn_down" in t.name:
+            found[t.qtype] = t
+    assert set(found) == {T.Q4_K, T.Q6_K}
+    rng = np.random.default_rng(0)
+    for qtype, w in found.items():
+        wf = reference_dequantize(w)
+        x = rng.standard_normal((17, w.n_cols)).astype(np.float32)
+        ref = x @ wf.T
+        gemv, gemm = mk.KERNELS[qtype]
+        assert _rel_err(_run(gemv, w, x[:1]), ref[:1]) < REL_ERR[qtype]
+        assert _rel_err(_run(gemm, w, x), ref) < REL_ERR[qtype]
