@@ -11,14 +11,14 @@ int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 gemv (n small): one row per prange step, block dots fused with decoding, a horizontal int32 sum
 per block; memory-bound on large tensors. gemm (n larger): each row is decoded once into
 (u, d, c), then every 16-token tile of 4-interleaved activations is multiplied by it with
-simd.dot_u8i8_x16 (16 token lanes, no per-token horizontal sums).
+simd.row_tile_dot (16 token lanes, no per-token horizontal sums).
 """
 
 import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, dot_u8i8_x16
+from edged.backends.cpu.simd import GROUPS, TOKENS, row_tile_dot
 from edged.quant.f16 import f16_at
 
 QK = 32
@@ -218,54 +218,68 @@ def gemv_iq4_nl(w, xq, xd, xs, y):
 
 @nb.njit(nogil=True, cache=True, fastmath=False, inline="always")
 def _decode_row(kind, row, u, d, c):
-    """One row of blocks -> unsigned bytes u [k], scales d [k/32], biases c [k/32] (see module doc)."""
+    """One row of blocks -> unsigned bytes u [k], scales d [k/32], biases c [k/32] (see module doc).
+    One loop nest per type, scales apart: each loop stays branch-free and vectorizes. The inner
+    trip counts are runtime values (qk = 32, h = 16) on purpose: with constants LLVM fully unrolls
+    the loops and then cannot vectorize the byte stores (u and row might alias)."""
     nblk = d.shape[0]
-    bit5 = BIT5
-    lut = IQ4NL_U8
-    for b in range(nblk):
-        uo = b * QK
-        if kind == _Q8_0:
-            o = b * 34
-            for j in range(QK):
-                u[uo + j] = row[o + 2 + j] ^ np.uint8(0x80)
-            d[b] = f16_at(row, o)
+    qk = u.shape[0] // nblk
+    h = qk // 2
+    if kind == _Q8_0:
+        for b in range(nblk):
+            for j in range(qk):
+                u[b * QK + j] = row[b * 34 + 2 + j] ^ np.uint8(0x80)
+        _scales(row, 34, 0, d)
+        for b in range(nblk):
             c[b] = np.float32(-128.0) * d[b]
-        elif kind == _Q4_0 or kind == _Q4_1 or kind == _IQ4_NL:
-            sz = 20 if kind == _Q4_1 else 18
-            o = b * sz
-            qo = o + (4 if kind == _Q4_1 else 2)
-            for j in range(16):
-                v = row[qo + j]
-                if kind == _IQ4_NL:
-                    u[uo + j] = lut[v & np.uint8(15)]
-                    u[uo + 16 + j] = lut[v >> np.uint8(4)]
-                else:
-                    u[uo + j] = v & np.uint8(15)
-                    u[uo + 16 + j] = v >> np.uint8(4)
-            d[b] = f16_at(row, o)
-            if kind == _Q4_1:
-                c[b] = f16_at(row, o + 2)
-            elif kind == _Q4_0:
-                c[b] = np.float32(-8.0) * d[b]
-            else:
-                c[b] = np.float32(-128.0) * d[b]
-        else:  # Q5_0 / Q5_1
-            sz = 24 if kind == _Q5_1 else 22
-            o = b * sz
-            ho = o + (4 if kind == _Q5_1 else 2)
-            qo = ho + 4
-            for j in range(16):
-                v = row[qo + j]
-                u[uo + j] = (v & np.uint8(15)) | bit5[row[ho + (j >> 3)], j & 7]
-                u[uo + 16 + j] = (v >> np.uint8(4)) | bit5[row[ho + 2 + (j >> 3)], j & 7]
-            d[b] = f16_at(row, o)
-            c[b] = f16_at(row, o + 2) if kind == _Q5_1 else np.float32(-16.0) * d[b]
+    elif kind == _Q4_0 or kind == _IQ4_NL:
+        if kind == _Q4_0:
+            for b in range(nblk):
+                for j in range(h):
+                    u[b * QK + j] = row[b * 18 + 2 + j] & np.uint8(15)
+                for j in range(h):
+                    u[b * QK + 16 + j] = row[b * 18 + 2 + j] >> np.uint8(4)
+        else:
+            lut = IQ4NL_U8
+            for b in range(nblk):
+                for j in range(h):
+                    v = row[b * 18 + 2 + j]
+                    u[b * QK + j] = lut[v & np.uint8(15)]
+                    u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
+        _scales(row, 18, 0, d)
+        off = np.float32(-8.0) if kind == _Q4_0 else np.float32(-128.0)
+        for b in range(nblk):
+            c[b] = off * d[b]
+    elif kind == _Q4_1:
+        for b in range(nblk):
+            for j in range(h):
+                u[b * QK + j] = row[b * 20 + 4 + j] & np.uint8(15)
+            for j in range(h):
+                u[b * QK + 16 + j] = row[b * 20 + 4 + j] >> np.uint8(4)
+        _scales(row, 20, 0, d)
+        _scales(row, 20, 2, c)
+    else:  # Q5_0 / Q5_1: 4 bytes of fifth bits before the nibbles
+        sz = 24 if kind == _Q5_1 else 22
+        ho = 4 if kind == _Q5_1 else 2
+        bit5 = BIT5_FLAT
+        for b in range(nblk):
+            o = b * sz + ho
+            for j in range(h):
+                u[b * QK + j] = (row[o + 4 + j] & np.uint8(15)) | bit5[np.int64(row[o + (j >> 3)]) * 8 + (j & 7)]
+            for j in range(h):
+                u[b * QK + 16 + j] = (row[o + 4 + j] >> np.uint8(4)) | bit5[np.int64(row[o + 2 + (j >> 3)]) * 8 + (j & 7)]
+        _scales(row, sz, 0, d)
+        if kind == _Q5_1:
+            _scales(row, sz, 2, c)
+        else:
+            for b in range(nblk):
+                c[b] = np.float32(-16.0) * d[b]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
     """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) -> 16-token tiles (missing tokens are zero):
-    xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32, 16]."""
+    xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32 · 16]."""
     n, k = xq.shape
     nblk = k // QK
     for tb in nb.prange(ntile * nblk):
@@ -277,37 +291,46 @@ def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
             for g in range(GROUPS):
                 for q in range(4):
                     xi[tile, b * 512 + g * 64 + t * 4 + q] = xq[tok, b * QK + g * 4 + q] if live else np.int8(0)
-            xdt[tile, b, t] = xd[tok, b] if live else np.float32(0.0)
-            xst[tile, b, t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
+            xdt[tile, b * TOKENS + t] = xd[tok, b] if live else np.float32(0.0)
+            xst[tile, b * TOKENS + t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
+
+
+GEMM_ROWS_PER_TASK = 16  # rows per prange step; their outputs are stored as 16-float row runs
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
     """y[n0 : n0 + n_live, :] for the prepared token tiles; each row is decoded once."""
     m = w.shape[0]
-    ntile, nblk = xdt.shape[0], xdt.shape[1]
+    ntile = xi.shape[0]
+    nblk = xdt.shape[1] // TOKENS
     k = nblk * QK
-    ntask = (m + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in nb.prange(ntask):
+    for task in nb.prange((m + GEMM_ROWS_PER_TASK - 1) // GEMM_ROWS_PER_TASK):
         u = np.empty(k, np.uint8)  # [k] decoded unsigned weights of one row
         d = np.empty(nblk, np.float32)
         c = np.empty(nblk, np.float32)
-        s = np.empty(TOKENS, np.int32)  # [16] block dot per token
         acc = np.empty(TOKENS, np.float32)  # [16]
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            _decode_row(kind, w[r], u, d, c)
-            for tile in range(ntile):
-                xit = xi[tile]
-                for t in range(TOKENS):
-                    acc[t] = np.float32(0.0)
+        r0 = task * GEMM_ROWS_PER_TASK
+        nr = min(m - r0, GEMM_ROWS_PER_TASK)
+        yt = np.empty((n_live, GEMM_ROWS_PER_TASK), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
+        for i in range(nr):
+            row = w[r0 + i]
+            if kind == _Q8_0:  # read in place (q ^ 0x80 inside the dot): only the scales to decode
+                _scales(row, 34, 0, d)
                 for b in range(nblk):
-                    dot_u8i8_x16(u, b * QK, xit, b * 512, s)
-                    db = d[b]
-                    cb = c[b]
-                    for t in range(TOKENS):
-                        acc[t] += xdt[tile, b, t] * (db * np.float32(s[t]) + cb * xst[tile, b, t])
+                    c[b] = np.float32(-128.0) * d[b]
+            else:
+                _decode_row(kind, row, u, d, c)
+            for tile in range(ntile):
+                if kind == _Q8_0:
+                    row_tile_dot(row, 34, 2, 0x80808080, d, c, xi[tile], xdt[tile], xst[tile], acc)
+                else:
+                    row_tile_dot(u, 32, 0, 0, d, c, xi[tile], xdt[tile], xst[tile], acc)
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):
-                    y[n0 + tile * TOKENS + t, r] = acc[t]
+                    yt[tile * TOKENS + t, i] = acc[t]
+        for t in range(n_live):
+            for i in range(nr):
+                y[n0 + t, r0 + i] = yt[t, i]
 
 
 # tokens per pass over the weights: keeps one pass's tiles (tokens · k bytes) within ~512 KiB of L2
@@ -323,8 +346,8 @@ def _gemm(kind, w, xq, xd, xs, y):
         n_live = min(n - n0, tiles_per_pass * TOKENS)
         ntile = (n_live + TOKENS - 1) // TOKENS
         xi = np.empty((ntile, nblk * 512), np.int8)  # [ntile, k/32 * 8 * 16 * 4]
-        xdt = np.empty((ntile, nblk, TOKENS), np.float32)
-        xst = np.empty((ntile, nblk, TOKENS), np.float32)
+        xdt = np.empty((ntile, nblk * TOKENS), np.float32)
+        xst = np.empty((ntile, nblk * TOKENS), np.float32)
         _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst)
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y)
 

@@ -118,3 +118,43 @@ def test_gemv_emits_vnni(name):
     qx = quantize_activations(activations(1, 64, 0))
     f(w.rows(), *qx, np.zeros((1, 2), np.float32))
     assert "vpdpbusd" in f.inspect_asm(f.signatures[0])
+
+
+def _row_tile_reference(u, stride, off, mask, d, c, xi, xdt, xst):
+    nblk = d.shape[0]
+    mbytes = np.frombuffer(np.uint32(mask).tobytes(), np.uint8)
+    out = np.zeros(16, np.float64)
+    for b in range(nblk):
+        wb = (u[b * stride + off : b * stride + off + 32].reshape(8, 4) ^ mbytes).astype(np.int64)  # [8, 4]
+        xb = xi[b * 512 : (b + 1) * 512].reshape(8, 16, 4).astype(np.int64)  # [8 groups, 16 tokens, 4]
+        s = (wb[:, None, :] * xb).sum(axis=(0, 2))  # [16]
+        out += xdt[b * 16 : (b + 1) * 16] * (d[b] * s + c[b] * xst[b * 16 : (b + 1) * 16])
+    return out
+
+
+@pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
+def test_row_tile_dot_both_paths(use_vnni):
+    """row_tile_dot on raw Q8_0-like rows (stride 34, xor 0x80) on the chosen codegen path."""
+    rng = np.random.default_rng(3)
+    nblk = 3
+    u = rng.integers(0, 256, nblk * 34).astype(np.uint8)
+    d = rng.standard_normal(nblk).astype(np.float32)
+    c = rng.standard_normal(nblk).astype(np.float32)
+    xi = rng.integers(-128, 128, nblk * 512).astype(np.int8)
+    xdt = rng.random(nblk * 16).astype(np.float32)
+    xst = rng.integers(-500, 500, nblk * 16).astype(np.float32)
+    saved = simd.USE_VNNI
+    try:
+        simd.USE_VNNI = use_vnni
+
+        @nb.njit(cache=False)
+        def run(u, d, c, xi, xdt, xst, out):
+            simd._row_tile_dot(u, 34, 2, 0x80808080, d, c, xi, xdt, xst, out)
+
+        out = np.zeros(16, np.float32)
+        run(u, d, c, xi, xdt, xst, out)
+    finally:
+        simd.USE_VNNI = saved
+    ref = _row_tile_reference(u, 34, 2, 0x80808080, d, c, xi, xdt, xst)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-3)
+    assert ("vpdpbusd" in run.inspect_asm(run.signatures[0])) == use_vnni
