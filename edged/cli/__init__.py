@@ -6,6 +6,7 @@ import click
 
 # command name -> module under edged.cli defining a click command called `command`
 _COMMANDS = {
+    "bench": "bench",
     "info": "info",
     "perplexity": "perplexity",
     "run": "run",

@@ -1,0 +1,184 @@
+"""Kernel benchmark: CPU matmul of every supported type at n = 1 and n = 16 against the memory
+bandwidth and numpy's BLAS, measured in the same run (used by bench/kernels.py and
+`edged bench --kernels`).
+
+For each type: the default model's largest tensor of that type, or a synthesized random tensor
+(edged.quant.synth) of the model's largest layer-matrix shape for types the file lacks. Times are
+medians of `repeat` runs of the public `matmul` (activation quantization included).
+"""
+
+import time
+from dataclasses import asdict, dataclass
+
+import numba as nb
+import numpy as np
+
+from edged.quant.types import SUPPORTED_TYPES
+
+N_BATCH = 16
+DEFAULT_BW_BYTES = 1 << 30  # streaming buffer: far larger than the 32 MiB L3
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=True)
+def _stream_sum(buf):
+    """Sum of a uint64 buffer, one contiguous chunk per thread: a pure streaming read."""
+    n = buf.shape[0]
+    nchunk = 64
+    part = np.zeros(nchunk, np.uint64)
+    for c in nb.prange(nchunk):
+        s = np.uint64(0)
+        for i in range(c * n // nchunk, (c + 1) * n // nchunk):
+            s += buf[i]
+        part[c] = s
+    return part.sum()
+
+
+def _median_time(fn, repeat: int) -> float:
+    fn()  # warm-up: JIT, page faults, caches as in steady state
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure_bandwidth(nbytes: int = DEFAULT_BW_BYTES, repeat: int = 5) -> float:
+    """Streaming read bandwidth in GB/s (parallel Numba sum over an nbytes buffer, median)."""
+    buf = np.ones(nbytes // 8, np.uint64)  # touched once so every page is resident
+    t = _median_time(lambda: _stream_sum(buf), repeat)
+    return buf.nbytes / t / 1e9
+
+
+@dataclass
+class KernelRow:
+    """One type's figures; times in ms, rates in GB/s of weight bytes."""
+
+    qtype: str
+    tensor: str  # tensor name in the model, or "synthetic"
+    shape: tuple
+    mbytes: float
+    ms_n1: float | None = None
+    gbs_n1: float | None = None
+    ms_n16: float | None = None
+    gbs_n16: float | None = None
+    blas_ms_n16: float | None = None
+    bw_frac_n1: float | None = None  # gbs_n1 / streaming bandwidth
+    cols_ratio: float | None = None  # token-columns/s at n=16 over n=1
+    blas_ratio: float | None = None  # BLAS time / our time at n=16 (> 1: we are faster)
+    note: str = ""
+
+
+def pick_tensors(model_path=None):
+    """{qtype: (QTensor, source)} for every supported type: the model's largest 2-D tensor of that
+    type, else a synthesized one shaped like the model's largest layer matrix."""
+    from edged.quant import load_gguf
+    from edged.quant.synth import random_qtensor
+
+    real, layer_shape = {}, None
+    if model_path is not None:
+        gf = load_gguf(model_path)
+        for t in gf.tensors.values():
+            if len(t.shape) != 2:
+                continue
+            best = real.get(t.qtype)
+            if best is None or t.data.nbytes > best.data.nbytes:
+                real[t.qtype] = t
+            if "blk." in t.name and (layer_shape is None or t.shape[0] * t.shape[1] > layer_shape[0] * layer_shape[1]):
+                layer_shape = t.shape
+    rows, cols = layer_shape or (2048, 640)
+    out = {}
+    for qtype in SUPPORTED_TYPES:
+        if qtype in real:
+            out[qtype] = (real[qtype], real[qtype].name)
+        else:
+            out[qtype] = (random_qtensor(qtype, rows, cols, seed=int(qtype)), "synthetic")
+    return out
+
+
+def bench_tensor(w, source, bandwidth, repeat=5, blas=True) -> KernelRow:
+    """Figures for one tensor (see KernelRow)."""
+    import sys
+
+    import edged.backends.cpu.matmul  # noqa: F401
+    from edged.quant.dequant import dequantize
+
+    mm = sys.modules["edged.backends.cpu.matmul"]  # the package re-exports `matmul` over the module name
+    m, k = w.shape
+    row = KernelRow(w.qtype.name, source, tuple(w.shape), w.data.nbytes / 1e6)
+    try:
+        mm.check_supported(w.qtype)
+    except ValueError as e:
+        row.note = f"skipped: {e}"
+        return row
+    rng = np.random.default_rng(0)
+    x1 = rng.standard_normal((1, k)).astype(np.float32)
+    x16 = rng.standard_normal((N_BATCH, k)).astype(np.float32)
+    y1 = np.empty((1, m), np.float32)
+    y16 = np.empty((N_BATCH, m), np.float32)
+    t1 = _median_time(lambda: mm.matmul(w, x1, out=y1), repeat)
+    t16 = _median_time(lambda: mm.matmul(w, x16, out=y16), repeat)
+    nbytes = w.data.nbytes
+    row.ms_n1, row.gbs_n1 = t1 * 1e3, nbytes / t1 / 1e9
+    row.ms_n16, row.gbs_n16 = t16 * 1e3, nbytes / t16 / 1e9
+    row.bw_frac_n1 = row.gbs_n1 / bandwidth
+    row.cols_ratio = (N_BATCH / t16) / (1 / t1)
+    if blas:
+        wf = np.ascontiguousarray(dequantize(w), dtype=np.float32).reshape(m, k)  # [m, k]
+        tb = _median_time(lambda: x16 @ wf.T, repeat)
+        row.blas_ms_n16 = tb * 1e3
+        row.blas_ratio = tb / t16
+        del wf
+    return row
+
+
+def run(model_path=None, repeat: int = 5, bw_bytes: int = DEFAULT_BW_BYTES, blas: bool = True, log=print) -> dict:
+    """The whole benchmark: {"bandwidth_gbs", "threads", "repeat", "rows": [KernelRow as dict]}."""
+    bandwidth = measure_bandwidth(bw_bytes, repeat)
+    log(f"streaming read bandwidth: {bandwidth:.1f} GB/s ({bw_bytes >> 20} MiB buffer); "
+        f"{nb.get_num_threads()} threads; median of {repeat} runs")
+    log(HEADER)
+    rows = []
+    for qtype, (w, source) in pick_tensors(model_path).items():
+        r = bench_tensor(w, source, bandwidth, repeat, blas)
+        rows.append(r)
+        log(format_row(r))
+    log(FOOTNOTE)
+    return {"bandwidth_gbs": bandwidth, "threads": nb.get_num_threads(), "repeat": repeat, "rows": [asdict(r) for r in rows]}
+
+
+HEADER = (
+    f"{'type':<7} {'tensor':<22} {'shape':>13} {'MB':>7} | {'n=1 ms':>8} {'GB/s':>6} {'%bw':>5} | "
+    f"{'n=16 ms':>8} {'GB/s':>6} {'cols x':>6} | {'BLAS ms':>8} {'BLAS/us':>7}"
+)
+
+
+FOOTNOTE = ("%bw: n=1 GB/s over the streaming bandwidth; cols x: token-columns/s at n=16 over n=1; "
+            "BLAS/us: numpy x @ W_f32.T time over ours at n=16 (>1: we are faster)")
+
+
+def _f(v, fmt):
+    return format(v, fmt) if v is not None else "-"
+
+
+def format_row(r: KernelRow) -> str:
+    if r.note:
+        return f"{r.qtype:<7} {r.tensor[:22]:<22} {'x'.join(map(str, r.shape)):>13} {r.mbytes:7.2f} | {r.note}"
+    return (
+        f"{r.qtype:<7} {r.tensor[:22]:<22} {'x'.join(map(str, r.shape)):>13} {r.mbytes:7.2f} | "
+        f"{_f(r.ms_n1, '8.3f')} {_f(r.gbs_n1, '6.1f')} {_f(r.bw_frac_n1 and 100 * r.bw_frac_n1, '5.0f')} | "
+        f"{_f(r.ms_n16, '8.3f')} {_f(r.gbs_n16, '6.1f')} {_f(r.cols_ratio, '6.1f')} | "
+        f"{_f(r.blas_ms_n16, '8.3f')} {_f(r.blas_ratio, '7.2f')}"
+    )
+
+
+def format_table(result: dict) -> str:
+    """The printed report: bandwidth line, header, one line per type."""
+    lines = [
+        f"streaming read bandwidth: {result['bandwidth_gbs']:.1f} GB/s; {result['threads']} threads; "
+        f"median of {result['repeat']} runs",
+        HEADER,
+    ]
+    lines += [format_row(KernelRow(**{**r, "shape": tuple(r["shape"])})) for r in result["rows"]]
+    lines.append(FOOTNOTE)
+    return "\n".join(lines)
