@@ -10,6 +10,7 @@ import json
 
 import click
 
+from edged.cli.bench_serve import BenchCommand
 from edged.cli.options import model_argument
 
 
@@ -22,7 +23,7 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool) -> dict:
     return bench_kernels.run(path, repeat=repeat, bw_bytes=bw_mib << 20, log=lambda s: click.echo(s, err=as_json))
 
 
-@click.command("bench")
+@click.command("bench", cls=BenchCommand)  # `edged bench serve ...`: the HTTP load generator
 @model_argument
 @click.option("--kernels", is_flag=True, help="Matmul kernels of every type at n=1 and n=16 vs bandwidth and BLAS.")
 @click.option("--repeat", type=click.IntRange(1), default=5, show_default=True, help="Runs per figure (median).")

@@ -79,4 +79,4 @@ def test_edged_bench_serve_is_wired_into_the_cli():
 
     out = CliRunner().invoke(main, ["bench", "serve", "--help"])
     assert out.exit_code == 0, out.output
-    assert "Usage: edged bench serve" in out.output and "--concurrency" in out.output
+    assert "bench serve [OPTIONS]" in out.output and "--concurrency" in out.output
