@@ -33,8 +33,9 @@ try:  # written by another helper in parallel; unguard once it has landed
 except ImportError:  # pragma: no cover - transitional
     matmul_kquants = None
 
-# n at or below which the gemv kernel is used (the gemm tile needs a few tokens to pay off).
-GEMV_MAX_N = 1
+# n at or below which gemv is used: it reads each row once for all n tokens but costs a full
+# block dot per token, while gemm pays a 16-token tile whatever n is; measured crossover n = 4.
+GEMV_MAX_N = 4
 
 
 def _merge_tables():

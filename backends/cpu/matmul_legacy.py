@@ -8,8 +8,9 @@ Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c
 (c = -offset·d for the symmetric types, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
 int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
-gemv (n small): one row per prange step, block dots fused with decoding, a horizontal int32 sum
-per block; memory-bound on large tensors. gemm (n larger): each row is decoded once into
+gemv (n small): one row · one token per simd.row_dot call, which decodes the raw blocks in
+registers and keeps 8 float lanes per row (one horizontal sum per row, not per block); IQ4_NL
+(a codebook lookup) decodes each row once and uses plain Numba block dots. gemm (n larger): each row is decoded once into
 (u, d, c), then every 16-token tile of 4-interleaved activations is multiplied by it with
 simd.row_tile_dot (16 token lanes, no per-token horizontal sums).
 """
@@ -18,7 +19,7 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, row_tile_dot
+from edged.backends.cpu.simd import GROUPS, TOKENS, row_dot, row_tile_dot
 from edged.quant.f16 import f16_at
 
 QK = 32
@@ -51,137 +52,42 @@ def _scales(row, bsize, off, d):
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q8_0(w, xq, xd, xs, y):
-    """Q8_0 block: fp16 d, 32 int8 q; w = d·q. q ^ 0x80 = q + 128 as unsigned, fixed by -128·Σx."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nblk = k // QK
-    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        d = np.empty(nblk, np.float32)  # [k/32] row scales
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            row = w[r]
-            _scales(row, 34, 0, d)
-            for t in range(n):
-                acc = np.float32(0.0)
-                for b in range(nblk):
-                    o = b * 34 + 2
-                    xo = b * QK
-                    s = np.int32(0)
-                    for j in range(QK):
-                        s = np.int32(s + np.int32(row[o + j] ^ np.uint8(0x80)) * np.int32(xq[t, xo + j]))
-                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(128.0) * np.float32(xs[t, b]))
-                y[t, r] = acc
+    """Q8_0 block: fp16 d, 32 int8 q; w = d·q (read as q ^ 0x80 = q + 128, fixed by -128·Σx)."""
+    for r in nb.prange(w.shape[0]):
+        for t in range(xq.shape[0]):
+            y[t, r] = row_dot(w[r], 0, xq[t], xd[t], xs[t])
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_0(w, xq, xd, xs, y):
     """Q4_0 block: fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31); w = d·(q - 8)."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nblk = k // QK
-    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        d = np.empty(nblk, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            row = w[r]
-            _scales(row, 18, 0, d)
-            for t in range(n):
-                acc = np.float32(0.0)
-                for b in range(nblk):
-                    o = b * 18 + 2
-                    xo = b * QK
-                    s = np.int32(0)
-                    # low nibbles, then high: one product per loop step keeps the loop vectorizable
-                    for j in range(16):
-                        s = np.int32(s + np.int32(row[o + j] & np.uint8(15)) * np.int32(xq[t, xo + j]))
-                    for j in range(16):
-                        s = np.int32(s + np.int32(row[o + j] >> np.uint8(4)) * np.int32(xq[t, xo + 16 + j]))
-                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(8.0) * np.float32(xs[t, b]))
-                y[t, r] = acc
+    for r in nb.prange(w.shape[0]):
+        for t in range(xq.shape[0]):
+            y[t, r] = row_dot(w[r], 1, xq[t], xd[t], xs[t])
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_1(w, xq, xd, xs, y):
     """Q4_1 block: fp16 d, fp16 min m, 16 bytes of nibbles; w = d·q + m."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nblk = k // QK
-    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        d = np.empty(nblk, np.float32)
-        c = np.empty(nblk, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            row = w[r]
-            _scales(row, 20, 0, d)
-            _scales(row, 20, 2, c)
-            for t in range(n):
-                acc = np.float32(0.0)
-                for b in range(nblk):
-                    o = b * 20 + 4
-                    xo = b * QK
-                    s = np.int32(0)
-                    # low nibbles, then high: one product per loop step keeps the loop vectorizable
-                    for j in range(16):
-                        s = np.int32(s + np.int32(row[o + j] & np.uint8(15)) * np.int32(xq[t, xo + j]))
-                    for j in range(16):
-                        s = np.int32(s + np.int32(row[o + j] >> np.uint8(4)) * np.int32(xq[t, xo + 16 + j]))
-                    acc += xd[t, b] * (d[b] * np.float32(s) + c[b] * np.float32(xs[t, b]))
-                y[t, r] = acc
+    for r in nb.prange(w.shape[0]):
+        for t in range(xq.shape[0]):
+            y[t, r] = row_dot(w[r], 2, xq[t], xd[t], xs[t])
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_0(w, xq, xd, xs, y):
     """Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·(q - 16)."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nblk = k // QK
-    bit5 = BIT5_FLAT
-    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        d = np.empty(nblk, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            row = w[r]
-            _scales(row, 22, 0, d)
-            for t in range(n):
-                acc = np.float32(0.0)
-                for b in range(nblk):
-                    o = b * 22
-                    xo = b * QK
-                    s = np.int32(0)
-                    for j in range(16):
-                        q = (row[o + 6 + j] & np.uint8(15)) | bit5[np.int64(row[o + 2 + (j >> 3)]) * 8 + (j & 7)]
-                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + j]))
-                    for j in range(16):
-                        q = (row[o + 6 + j] >> np.uint8(4)) | bit5[np.int64(row[o + 4 + (j >> 3)]) * 8 + (j & 7)]
-                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + 16 + j]))
-                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(16.0) * np.float32(xs[t, b]))
-                y[t, r] = acc
+    for r in nb.prange(w.shape[0]):
+        for t in range(xq.shape[0]):
+            y[t, r] = row_dot(w[r], 3, xq[t], xd[t], xs[t])
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_1(w, xq, xd, xs, y):
     """Q5_1 block: fp16 d, fp16 min m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·q + m."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nblk = k // QK
-    bit5 = BIT5_FLAT
-    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        d = np.empty(nblk, np.float32)
-        c = np.empty(nblk, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            row = w[r]
-            _scales(row, 24, 0, d)
-            _scales(row, 24, 2, c)
-            for t in range(n):
-                acc = np.float32(0.0)
-                for b in range(nblk):
-                    o = b * 24
-                    xo = b * QK
-                    s = np.int32(0)
-                    for j in range(16):
-                        q = (row[o + 8 + j] & np.uint8(15)) | bit5[np.int64(row[o + 4 + (j >> 3)]) * 8 + (j & 7)]
-                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + j]))
-                    for j in range(16):
-                        q = (row[o + 8 + j] >> np.uint8(4)) | bit5[np.int64(row[o + 6 + (j >> 3)]) * 8 + (j & 7)]
-                        s = np.int32(s + np.int32(q) * np.int32(xq[t, xo + 16 + j]))
-                    acc += xd[t, b] * (d[b] * np.float32(s) + c[b] * np.float32(xs[t, b]))
-                y[t, r] = acc
+    for r in nb.prange(w.shape[0]):
+        for t in range(xq.shape[0]):
+            y[t, r] = row_dot(w[r], 4, xq[t], xd[t], xs[t])
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)

@@ -1,4 +1,5 @@
-"""One SIMD primitive the batched integer kernels need and LLVM will not find on its own.
+"""SIMD primitives the integer kernels need and LLVM will not find on its own: row_dot (gemv),
+row_tile_dot (gemm) and dot_u8i8_x16 (one block of the latter).
 
 `dot_u8i8_x16` multiplies one block of 32 unsigned weight bytes by the same block of 16 tokens'
 int8 activations laid out "4-interleaved" ([8 groups][16 tokens][4 bytes]) and returns the 16
@@ -184,3 +185,123 @@ def row_tile_dot(u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
     Sizes are not checked: the caller guarantees them.
     """
     _row_tile_dot(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
+
+
+# ---------------------------------------------------------------- gemv: one row · one token
+
+# raw block layouts read in place by row_dot: (block bytes, quants offset, qh offset or -1, min offset or -1,
+# nibbles?, bias offset for the symmetric types)
+LAYOUTS = {
+    0: (34, 2, -1, -1, False, -128.0),  # Q8_0: int8 q, read as q ^ 0x80
+    1: (18, 2, -1, -1, True, -8.0),  # Q4_0
+    2: (20, 4, -1, 2, True, 0.0),  # Q4_1: + min
+    3: (22, 6, 2, -1, True, -16.0),  # Q5_0
+    4: (24, 8, 4, 2, True, 0.0),  # Q5_1: + min
+}
+
+
+def _splat(builder, val, vty):
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
+
+
+def _block_u8(builder, blk, layout):
+    """<32 x i8> unsigned weight bytes of one raw block at i8* blk."""
+    size, qoff, hoff, moff, nib, _ = layout
+    v32i8 = ir.VectorType(_I8, 32)
+    if not nib:
+        q = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, qoff)]), v32i8.as_pointer()), align=1)
+        return builder.xor(q, ir.Constant(v32i8, [0x80] * 32))
+    v16i8 = ir.VectorType(_I8, 16)
+    q = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, qoff)]), v16i8.as_pointer()), align=1)
+    lo = builder.and_(q, ir.Constant(v16i8, [15] * 16))
+    hi = builder.lshr(q, ir.Constant(v16i8, [4] * 16))
+    u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    if hoff >= 0:  # fifth bits: bit j of the little-endian u32 qh adds 16 to element j
+        v4i8 = ir.VectorType(_I8, 4)
+        qh = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, hoff)]), v4i8.as_pointer()), align=1)
+        hb = builder.shuffle_vector(qh, ir.Constant(v4i8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
+        hit = builder.icmp_unsigned("!=", builder.and_(hb, ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])), ir.Constant(v32i8, [0] * 32))
+        u = builder.or_(u, builder.select(hit, ir.Constant(v32i8, [16] * 32), ir.Constant(v32i8, [0] * 32)))
+    return u
+
+
+def _dot32(builder, u, x):
+    """<8 x i32> partial sums of u (<32 x i8>, unsigned) · x (<32 x i8>, signed)."""
+    v8i32 = ir.VectorType(_I32, 8)
+    if USE_VNNI:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v8i32] * 3), "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [ir.Constant(v8i32, None), builder.bitcast(u, v8i32), builder.bitcast(x, v8i32)])
+    v32i32 = ir.VectorType(_I32, 32)
+    prod = builder.mul(builder.zext(u, v32i32), builder.sext(x, v32i32))
+    undef = ir.Constant(v32i32, ir.Undefined)
+    acc = None
+    for q in range(4):
+        lane = builder.shuffle_vector(prod, undef, ir.Constant(v8i32, [4 * t + q for t in range(8)]))
+        acc = lane if acc is None else builder.add(acc, lane)
+    return acc
+
+
+@intrinsic
+def _row_dot(typingctx, row, kind, xq, xd, xs):
+    """Σ_b xd[b] · (d_b · Σ_j u_bj xq[32b+j] + c_b · xs[b]) over the raw blocks of one row."""
+    ok = (
+        isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
+        and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
+        and isinstance(xq, types.Array) and xq.dtype == types.int8 and xq.ndim == 1
+        and isinstance(xd, types.Array) and xd.dtype == types.float32 and xd.ndim == 1
+        and isinstance(xs, types.Array) and xs.dtype == types.int32 and xs.ndim == 1
+    )
+    if not ok:
+        return None
+    layout = LAYOUTS[kind.literal_value]
+    sig = types.float32(row, kind, xq, xd, xs)
+
+    def codegen(context, builder, signature, args):
+        ra, _, xa, xda, xsa = args
+        at = signature.args
+        f32 = ir.FloatType()
+        half = ir.HalfType()
+        v8f = ir.VectorType(f32, 8)
+        nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 0)
+        rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(ir.IntType(64), 0))
+        xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(ir.IntType(64), 0))
+        xdp = _f32_ptr(context, builder, at[3], xda)
+        xsp = builder.bitcast(context.make_array(at[4])(context, builder, xsa).data, _I32.as_pointer())
+        accp = cgutils.alloca_once_value(builder, ir.Constant(v8f, None))
+        biasp = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        size, _, _, moff, _, cfix = layout
+
+        def f16(blk, off):
+            p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
+            return builder.fpext(builder.load(p, align=1), f32)
+
+        with cgutils.for_range(builder, nblk) as loop:
+            b = loop.index
+            blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
+            u = _block_u8(builder, blk, layout)
+            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 32))]), ir.VectorType(_I8, 32).as_pointer()), align=1)
+            sf = builder.sitofp(_dot32(builder, u, xv), v8f)
+            d = f16(blk, 0)
+            xdb = builder.load(builder.gep(xdp, [b]))
+            builder.store(builder.fadd(builder.load(accp), builder.fmul(sf, _splat(builder, builder.fmul(d, xdb), v8f))), accp)
+            c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
+            xsb = builder.sitofp(builder.load(builder.gep(xsp, [b])), f32)
+            builder.store(builder.fadd(builder.load(biasp), builder.fmul(builder.fmul(c, xdb), xsb)), biasp)
+        acc = builder.load(accp)
+        tot = builder.load(biasp)
+        for i in range(8):
+            tot = builder.fadd(tot, builder.extract_element(acc, ir.Constant(_I32, i)))
+        return tot
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def row_dot(row, kind, xq, xd, xs):
+    """float32 Σ_j w_j·x_j for one raw row of 32-element blocks and one token's quantized x:
+    Σ_b xd[b] · (d_b · Σ_j u_bj·xq[32b+j] + c_b · xs[b]). `kind` must be a compile-time constant,
+    a key of LAYOUTS (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1); the blocks decode in registers and
+    8 float lanes accumulate the row (one horizontal sum per row). Sizes are not checked."""
+    return _row_dot(row, kind, xq, xd, xs)

@@ -158,3 +158,29 @@ def test_row_tile_dot_both_paths(use_vnni):
     ref = _row_tile_reference(u, 34, 2, 0x80808080, d, c, xi, xdt, xst)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-3)
     assert ("vpdpbusd" in run.inspect_asm(run.signatures[0])) == use_vnni
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_row_dot_portable_path(qtype):
+    """simd.row_dot's target-independent IR (hosts without AVX-512 VNNI) against the reference."""
+    kind = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4}[qtype]
+    w = random_qtensor(qtype, 5, 96, seed=6)
+    x = activations(2, 96, seed=7)
+    xq, xd, xs = quantize_activations(x)
+    saved = simd.USE_VNNI
+    try:
+        simd.USE_VNNI = False
+
+        @nb.njit(cache=False)
+        def gemv(w, xq, xd, xs, y):
+            for r in range(w.shape[0]):
+                for t in range(xq.shape[0]):
+                    y[t, r] = simd._row_dot(w[r], kind, xq[t], xd[t], xs[t])
+
+        y = np.zeros((2, 5), np.float32)
+        gemv(w.rows(), xq, xd, xs, y)
+    finally:
+        simd.USE_VNNI = saved
+    assert "vpdpbusd" not in gemv.inspect_asm(gemv.signatures[0])
+    assert rel_err(y, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
+    np.testing.assert_allclose(y, mm.matmul(w, x), rtol=1e-5, atol=1e-6)
