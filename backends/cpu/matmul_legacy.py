@@ -10,16 +10,19 @@ int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
 gemv (n small): one row · one token per simd.row_dot call, which decodes the raw blocks in
 registers and keeps 8 float lanes per row (one horizontal sum per row, not per block); IQ4_NL
-(a codebook lookup) decodes each row once and uses plain Numba block dots. gemm (n larger): each row is decoded once into
-(u, d, c), then every 16-token tile of 4-interleaved activations is multiplied by it with
-simd.row_tile_dot (16 token lanes, no per-token horizontal sums).
+(a codebook lookup) decodes each row once and uses plain Numba block dots.
+
+gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
+per-block scales and sums), then simd.row_tile_dot_raw multiplies each raw weight row by every
+tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no per-token
+horizontal sums. IQ4_NL decodes each row once into unsigned bytes and uses simd.row_tile_dot.
 """
 
 import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, row_dot, row_tile_dot
+from edged.backends.cpu.simd import GROUPS, TOKENS, row_dot, row_tile_dot, row_tile_dot_raw
 from edged.quant.f16 import f16_at
 
 QK = 32
@@ -206,7 +209,7 @@ GEMM_ROWS_PER_TASK = 16  # rows per prange step; their outputs are stored as 16-
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
-    """y[n0 : n0 + n_live, :] for the prepared token tiles; each row is decoded once."""
+    """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass."""
     m = w.shape[0]
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // TOKENS
@@ -221,15 +224,20 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
         yt = np.empty((n_live, GEMM_ROWS_PER_TASK), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
         for i in range(nr):
             row = w[r0 + i]
-            if kind == _Q8_0:  # read in place (q ^ 0x80 inside the dot): only the scales to decode
-                _scales(row, 34, 0, d)
-                for b in range(nblk):
-                    c[b] = np.float32(-128.0) * d[b]
-            else:
+            if kind == _IQ4_NL:  # codebook lookup: decode the row once, then the generic tile dot
                 _decode_row(kind, row, u, d, c)
             for tile in range(ntile):
+                # raw blocks decode in registers (the kind must be a literal for the intrinsic)
                 if kind == _Q8_0:
-                    row_tile_dot(row, 34, 2, 0x80808080, d, c, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw(row, 0, xi[tile], xdt[tile], xst[tile], acc)
+                elif kind == _Q4_0:
+                    row_tile_dot_raw(row, 1, xi[tile], xdt[tile], xst[tile], acc)
+                elif kind == _Q4_1:
+                    row_tile_dot_raw(row, 2, xi[tile], xdt[tile], xst[tile], acc)
+                elif kind == _Q5_0:
+                    row_tile_dot_raw(row, 3, xi[tile], xdt[tile], xst[tile], acc)
+                elif kind == _Q5_1:
+                    row_tile_dot_raw(row, 4, xi[tile], xdt[tile], xst[tile], acc)
                 else:
                     row_tile_dot(u, 32, 0, 0, d, c, xi[tile], xdt[tile], xst[tile], acc)
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):

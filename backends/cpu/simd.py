@@ -305,3 +305,77 @@ def row_dot(row, kind, xq, xd, xs):
     a key of LAYOUTS (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1); the blocks decode in registers and
     8 float lanes accumulate the row (one horizontal sum per row). Sizes are not checked."""
     return _row_dot(row, kind, xq, xd, xs)
+
+
+@intrinsic
+def _row_tile_dot_raw(typingctx, row, kind, xi, xdt, xst, out):
+    """row_tile_dot on a raw row of LAYOUTS[kind] blocks, decoded in registers."""
+    f32a = lambda a: isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1  # noqa: E731
+    ok = (
+        isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
+        and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
+        and isinstance(xi, types.Array) and xi.dtype == types.int8 and xi.ndim == 1
+        and f32a(xdt) and f32a(xst) and f32a(out)
+    )
+    if not ok:
+        return None
+    layout = LAYOUTS[kind.literal_value]
+    sig = types.void(row, kind, xi, xdt, xst, out)
+
+    def codegen(context, builder, signature, args):
+        ra, _, xa, xda, xsa, oa = args
+        at = signature.args
+        f32 = ir.FloatType()
+        half = ir.HalfType()
+        v16f = ir.VectorType(f32, 16)
+        v8i32 = ir.VectorType(_I32, 8)
+        size, _, _, moff, _, cfix = layout
+        nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 0)
+        nblk = builder.udiv(nblk, ir.Constant(nblk.type, TOKENS))
+        rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(ir.IntType(64), 0))
+        xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(ir.IntType(64), 0))
+        xdp, xsp = _f32_ptr(context, builder, at[3], xda), _f32_ptr(context, builder, at[4], xsa)
+        accp = cgutils.alloca_once_value(builder, ir.Constant(v16f, None))
+        fn = None
+        if USE_VNNI:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpbusd.512")
+
+        def f16(blk, off):
+            p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
+            return builder.fpext(builder.load(p, align=1), f32)
+
+        with cgutils.for_range(builder, nblk) as loop:
+            b = loop.index
+            blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
+            words = builder.bitcast(_block_u8(builder, blk, layout), v8i32)  # 8 groups of 4 unsigned bytes
+            xb = builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))])
+            if USE_VNNI:
+                accs = [ir.Constant(_V16I32, None)] * 4
+                for g in range(GROUPS):
+                    wv = _splat(builder, builder.extract_element(words, ir.Constant(_I32, g)), _V16I32)
+                    xv = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(_I32, 64 * g)]), _V16I32.as_pointer()), align=1)
+                    accs[g % 4] = builder.call(fn, [accs[g % 4], wv, xv])
+                s = builder.add(builder.add(accs[0], accs[1]), builder.add(accs[2], accs[3]))
+            else:
+                tmp = cgutils.alloca_once(builder, v8i32)
+                builder.store(words, tmp)
+                s = _generic_block(builder, builder.bitcast(tmp, _I8.as_pointer()), xb)
+            sf = builder.sitofp(s, v16f)
+            d = f16(blk, 0)
+            c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
+            off16 = builder.mul(b, ir.Constant(b.type, TOKENS))
+            xdv = builder.load(builder.bitcast(builder.gep(xdp, [off16]), v16f.as_pointer()), align=4)
+            xsv = builder.load(builder.bitcast(builder.gep(xsp, [off16]), v16f.as_pointer()), align=4)
+            term = builder.fmul(xdv, builder.fadd(builder.fmul(_splat(builder, d, v16f), sf), builder.fmul(_splat(builder, c, v16f), xsv)))
+            builder.store(builder.fadd(builder.load(accp), term), accp)
+        builder.store(builder.load(accp), builder.bitcast(_f32_ptr(context, builder, at[5], oa), v16f.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def row_tile_dot_raw(row, kind, xi, xdt, xst, out):
+    """row_tile_dot for one raw row of LAYOUTS[kind] blocks (kind a compile-time constant): the
+    blocks and their fp16 scales are decoded in registers, so the row needs no decode pass."""
+    _row_tile_dot_raw(row, kind, xi, xdt, xst, out)

@@ -184,3 +184,36 @@ def test_row_dot_portable_path(qtype):
     assert "vpdpbusd" not in gemv.inspect_asm(gemv.signatures[0])
     assert rel_err(y, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
     np.testing.assert_allclose(y, mm.matmul(w, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_1, T.Q5_0], ids=lambda t: t.name)
+def test_row_tile_dot_raw_both_paths(qtype, use_vnni):
+    """The in-register block decoders of the gemm tile dot, on each codegen path, vs the reference."""
+    kind = {T.Q8_0: 0, T.Q4_1: 2, T.Q5_0: 3}[qtype]
+    m, k, n = 3, 96, 16
+    w = random_qtensor(qtype, m, k, seed=8)
+    x = activations(n, k, seed=9)
+    qx = quantize_activations(x)
+    nblk = k // 32
+    xi = np.empty((1, nblk * 512), np.int8)
+    xdt = np.empty((1, nblk * 16), np.float32)
+    xst = np.empty((1, nblk * 16), np.float32)
+    matmul_legacy._prepare_tiles(*qx, 0, 1, xi, xdt, xst)
+    saved = simd.USE_VNNI
+    try:
+        simd.USE_VNNI = use_vnni
+
+        @nb.njit(cache=False)
+        def tile(w, xi, xdt, xst, y):
+            out = np.empty(16, np.float32)
+            for r in range(w.shape[0]):
+                simd._row_tile_dot_raw(w[r], kind, xi, xdt, xst, out)
+                y[:, r] = out
+
+        y = np.zeros((n, m), np.float32)
+        tile(w.rows(), xi[0], xdt[0], xst[0], y)
+    finally:
+        simd.USE_VNNI = saved
+    assert ("vpdpbusd" in tile.inspect_asm(tile.signatures[0])) == use_vnni
+    assert rel_err(y, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
