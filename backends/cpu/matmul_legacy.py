@@ -31,9 +31,6 @@ QK = 32
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int16)
 IQ4NL_U8 = (IQ4NL_VALUES + 128).astype(np.uint8)
 
-# Q5's fifth bits: BIT5[byte, i] = ((byte >> i) & 1) << 4, a byte table instead of per-element shifts.
-BIT5 = ((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1).astype(np.uint8) << 4  # [256, 8]
-BIT5_FLAT = BIT5.reshape(-1).copy()  # [256 * 8]: flat int64 indexing keeps the gemv loop vectorized
 
 # kinds for the shared gemm row decoder
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
@@ -126,63 +123,18 @@ def gemv_iq4_nl(w, xq, xd, xs, y):
 
 
 @nb.njit(nogil=True, cache=True, fastmath=False, inline="always")
-def _decode_row(kind, row, u, d, c):
-    """One row of blocks -> unsigned bytes u [k], scales d [k/32], biases c [k/32] (see module doc).
-    One loop nest per type, scales apart: each loop stays branch-free and vectorizes. The inner
-    trip counts are runtime values (qk = 32, h = 16) on purpose: with constants LLVM fully unrolls
-    the loops and then cannot vectorize the byte stores (u and row might alias)."""
+def _decode_iq4_nl_row(row, u, d, c):
+    """IQ4_NL row -> codebook bytes + 128 u [k], scales d [k/32], biases c = -128·d [k/32]."""
     nblk = d.shape[0]
-    qk = u.shape[0] // nblk
-    h = qk // 2
-    if kind == _Q8_0:
-        for b in range(nblk):
-            for j in range(qk):
-                u[b * QK + j] = row[b * 34 + 2 + j] ^ np.uint8(0x80)
-        _scales(row, 34, 0, d)
-        for b in range(nblk):
-            c[b] = np.float32(-128.0) * d[b]
-    elif kind == _Q4_0 or kind == _IQ4_NL:
-        if kind == _Q4_0:
-            for b in range(nblk):
-                for j in range(h):
-                    u[b * QK + j] = row[b * 18 + 2 + j] & np.uint8(15)
-                for j in range(h):
-                    u[b * QK + 16 + j] = row[b * 18 + 2 + j] >> np.uint8(4)
-        else:
-            lut = IQ4NL_U8
-            for b in range(nblk):
-                for j in range(h):
-                    v = row[b * 18 + 2 + j]
-                    u[b * QK + j] = lut[v & np.uint8(15)]
-                    u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
-        _scales(row, 18, 0, d)
-        off = np.float32(-8.0) if kind == _Q4_0 else np.float32(-128.0)
-        for b in range(nblk):
-            c[b] = off * d[b]
-    elif kind == _Q4_1:
-        for b in range(nblk):
-            for j in range(h):
-                u[b * QK + j] = row[b * 20 + 4 + j] & np.uint8(15)
-            for j in range(h):
-                u[b * QK + 16 + j] = row[b * 20 + 4 + j] >> np.uint8(4)
-        _scales(row, 20, 0, d)
-        _scales(row, 20, 2, c)
-    else:  # Q5_0 / Q5_1: 4 bytes of fifth bits before the nibbles
-        sz = 24 if kind == _Q5_1 else 22
-        ho = 4 if kind == _Q5_1 else 2
-        bit5 = BIT5_FLAT
-        for b in range(nblk):
-            o = b * sz + ho
-            for j in range(h):
-                u[b * QK + j] = (row[o + 4 + j] & np.uint8(15)) | bit5[np.int64(row[o + (j >> 3)]) * 8 + (j & 7)]
-            for j in range(h):
-                u[b * QK + 16 + j] = (row[o + 4 + j] >> np.uint8(4)) | bit5[np.int64(row[o + 2 + (j >> 3)]) * 8 + (j & 7)]
-        _scales(row, sz, 0, d)
-        if kind == _Q5_1:
-            _scales(row, sz, 2, c)
-        else:
-            for b in range(nblk):
-                c[b] = np.float32(-16.0) * d[b]
+    lut = IQ4NL_U8
+    for b in range(nblk):
+        for j in range(16):
+            v = row[b * 18 + 2 + j]
+            u[b * QK + j] = lut[v & np.uint8(15)]
+            u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
+    _scales(row, 18, 0, d)
+    for b in range(nblk):
+        c[b] = np.float32(-128.0) * d[b]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
@@ -225,7 +177,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
         for i in range(nr):
             row = w[r0 + i]
             if kind == _IQ4_NL:  # codebook lookup: decode the row once, then the generic tile dot
-                _decode_row(kind, row, u, d, c)
+                _decode_iq4_nl_row(row, u, d, c)
             for tile in range(ntile):
                 # raw blocks decode in registers (the kind must be a literal for the intrinsic)
                 if kind == _Q8_0:

@@ -1,13 +1,13 @@
-"""SIMD primitives the integer kernels need and LLVM will not find on its own: row_dot (gemv),
-row_tile_dot (gemm) and dot_u8i8_x16 (one block of the latter).
+"""SIMD primitives the integer matmul kernels need and LLVM will not find on its own.
 
-`dot_u8i8_x16` multiplies one block of 32 unsigned weight bytes by the same block of 16 tokens'
-int8 activations laid out "4-interleaved" ([8 groups][16 tokens][4 bytes]) and returns the 16
-int32 dot products in lanes — no horizontal sum per token, which is what makes a gemm tile cheap.
-On AVX-512 VNNI hosts it is 8 `vpdpbusd` with broadcast weights; elsewhere it is portable LLVM
-vector IR (zext × sext, then sums of 4 lanes). The choice is made at compile time from the host's
-features; Numba's on-disk cache keys on the CPU name and features, so a cached kernel never runs
-on a host it was not built for.
+row_dot (gemv): one raw weight row · one token; blocks decode in registers, 8 float lanes
+accumulate, one horizontal sum per row. row_tile_dot / row_tile_dot_raw (gemm): one weight row ·
+a 16-token tile whose int8 activations are laid out "4-interleaved" ([8 groups][16 tokens][4
+bytes]) per block, giving 16 token lanes — no horizontal sum per token, which is what makes a
+gemm tile cheap. On AVX-512 VNNI hosts the block dot is `vpdpbusd` with broadcast weights;
+elsewhere portable LLVM vector IR (zext × sext, then sums of 4 lanes). The choice is made at
+compile time from the host's features; Numba's on-disk cache keys on the CPU name and features,
+so a cached kernel never runs on a host it was not built for.
 """
 
 import llvmlite.binding as llvm
@@ -75,43 +75,6 @@ def _generic_block(builder, wp, xp, mask=None):
             lane = builder.shuffle_vector(prod, undef, ir.Constant(_V16I32, [4 * t + q for t in range(16)]))
             acc = builder.add(acc, lane)
     return acc
-
-
-@intrinsic
-def _dot_u8i8_x16(typingctx, w, woff, x, xoff, s):
-    """s[0:16] = Σ_j w[woff+j] * x[xoff + (j//4)*64 + t*4 + j%4] for t < 16, j < 32."""
-    ok = (
-        isinstance(w, types.Array) and w.dtype == types.uint8 and w.ndim == 1
-        and isinstance(x, types.Array) and x.dtype == types.int8 and x.ndim == 1
-        and isinstance(s, types.Array) and s.dtype == types.int32 and s.ndim == 1
-        and isinstance(woff, types.Integer) and isinstance(xoff, types.Integer)
-    )
-    if not ok:
-        return None
-    sig = types.void(w, woff, x, xoff, s)
-
-    def codegen(context, builder, signature, args):
-        warr, wo, xarr, xo, sarr = args
-        wo = context.cast(builder, wo, signature.args[1], types.intp)
-        xo = context.cast(builder, xo, signature.args[3], types.intp)
-        wp = _byte_ptr(context, builder, signature.args[0], warr, wo)
-        xp = _byte_ptr(context, builder, signature.args[2], xarr, xo)
-        acc = _vnni_block(builder, wp, xp) if USE_VNNI else _generic_block(builder, wp, xp)
-        sary = context.make_array(signature.args[4])(context, builder, sarr)
-        builder.store(acc, builder.bitcast(sary.data, _V16I32.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def dot_u8i8_x16(w, woff, x, xoff, s):
-    """int32 s[16] = one 32-element block: unsigned w[woff:woff+32] · 16 tokens of 4-interleaved x.
-
-    x holds the block at x[xoff : xoff + 512] as [8 groups][16 tokens][4 bytes]; w and x must have
-    those bytes in bounds (not checked); s must have 16 elements.
-    """
-    _dot_u8i8_x16(w, woff, x, xoff, s)
 
 
 def _f32_ptr(context, builder, arrty, arr):

@@ -85,28 +85,6 @@ def test_exact_on_integer_activations():
         assert rel_err(y, ref) < 1e-5, qtype.name
 
 
-def test_portable_block_dot_matches_vnni():
-    """simd's target-independent IR path (used on hosts without AVX-512 VNNI) gives the same sums."""
-    rng = np.random.default_rng(1)
-    w = rng.integers(0, 256, 64).astype(np.uint8)
-    x = rng.integers(-128, 128, 1024).astype(np.int8)
-    ref = (w[32:].reshape(8, 1, 4).astype(np.int32) * x[512:].reshape(8, 16, 4).astype(np.int32)).sum(axis=(0, 2))
-    saved = simd.USE_VNNI
-    try:
-        simd.USE_VNNI = False
-
-        @nb.njit(cache=False)
-        def portable(w, x, s):
-            simd._dot_u8i8_x16(w, 32, x, 512, s)
-
-        s = np.zeros(16, np.int32)
-        portable(w, x, s)
-    finally:
-        simd.USE_VNNI = saved
-    np.testing.assert_array_equal(s, ref)
-    assert "vpdpbusd" not in portable.inspect_asm(portable.signatures[0])
-
-
 @pytest.mark.skipif(not simd.USE_VNNI, reason="host has no AVX-512 VNNI")
 @pytest.mark.skipif(not nb.config.SLP_VECTORIZE, reason="numba was imported before edged set SLP")
 @pytest.mark.parametrize("name", ["gemv_q8_0", "gemv_q4_0", "gemv_q5_0"])
