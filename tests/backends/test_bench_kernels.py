@@ -1,0 +1,33 @@
+"""Smoke tests of the kernel benchmark plumbing (tiny sizes; speed itself is never asserted)."""
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+from gguf import GGMLQuantizationType as T
+
+from edged import bench_kernels
+from edged.cli import main
+from edged.quant.synth import random_qtensor
+from edged.quant.tensor import QTensor
+
+
+def test_bandwidth_and_one_row():
+    bw = bench_kernels.measure_bandwidth(8 << 20, repeat=1)
+    assert bw > 0
+    row = bench_kernels.bench_tensor(random_qtensor(T.Q5_0, 33, 64), "synthetic", bw, repeat=1)
+    assert row.ms_n1 > 0 and row.ms_n16 > 0 and row.blas_ms_n16 > 0 and row.cols_ratio > 0
+    result = {"bandwidth_gbs": bw, "threads": 2, "repeat": 1, "rows": [bench_kernels.asdict(row)]}
+    table = bench_kernels.format_table(result)
+    assert "Q5_0" in table and "GB/s" in table
+    json.dumps(result)  # JSON-able as `--json` prints it
+
+
+def test_unsupported_type_is_skipped_with_a_note():
+    bad = QTensor("w", T.IQ2_XXS, (4, 256), np.zeros(4 * 66, np.uint8))
+    assert bench_kernels.bench_tensor(bad, "synthetic", 1.0).note.startswith("skipped")
+
+
+def test_cli_requires_a_section():
+    res = CliRunner().invoke(main, ["bench"])
+    assert res.exit_code != 0 and "--kernels" in res.output
