@@ -1,223 +1,83 @@
 """CPU matmul kernels for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS.
 
-Every type shares one pair of kernels; a per-type decoder turns one 256-element superblock into
-*unsigned* bytes q[256] plus float scales, so the integer dot is always u8 × i8 → int32 (VNNI):
+Contract (backends/cpu/matmul.py): KERNELS[qtype] = (gemv, gemm), each
+    f(w_rows uint8 [m, row_bytes], xq int8 [n, k], xd float32 [n, k/32], xs int32 [n, k/32],
+      y float32 [n, m]) -> None.
+Weights become unsigned bytes u with per-32 (or per-16) float scales s and biases c,
+w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
+    Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
-    superblock contribution of 32-block b (activation scale xd, block sum xs, first-half sum xlo):
-      one-dot types:  xd * (ws[b] * Σ_32 q·x            - wm[2b] * xlo - wm[2b+1] * (xs - xlo))
-      Q6_K (split):   xd * (ws[2b] * Σ_lo q·x + ws[2b+1] * Σ_hi q·x - wm[2b] * xlo - wm[2b+1] * xhi)
-
-Offsets and mins (Q2/Q4/Q5_K mins, Q3_K's -4, Q6_K's -32, IQ4_XS's +128 shift) become the wm terms
-on per-16 activation sums, computed once per call. Q2_K and Q3_K fold their 16-element sub-block
-scales into the weight bytes (|scale| × q fits a byte), so they need one 32-lane dot per block; Q6_K's
-scales do not fit and it takes two 16-lane dots.
-
-gemv (small n): per row, decode each superblock once, then one horizontal int32 dot per 32-block per
-token. gemm: decode each superblock once per row and apply it to every 16-token tile with
-simd.dot_u8i8_x16 (16 tokens' int32 sums in lanes, no horizontal sum).
+- Q4_K, Q6_K: gemv = kquant_simd's row dots (nibbles unpacked in registers, per-lane scales);
+  gemm = rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot per 16-token
+  tile. These carry the default model's layers and are the fast paths.
+- Q2_K, Q3_K, Q5_K, IQ4_XS: scalar superblock decoders (kquant_decode.py) with one shared gemv
+  (decode per superblock, int32 dot per 32-block) and the same tiled gemm as above.
 """
 
 import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import TOKENS, dot_u8i8_x16
-from edged.quant.f16 import f16_at
-
-QK_K = 256
-NBLK = QK_K // 32  # 32-element activation blocks per superblock
-
-# type codes passed to the shared kernels
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 0, 1, 2, 3, 4, 5
-_BLOCK_BYTES = np.array([84, 110, 144, 176, 210, 136], dtype=np.int64)
-
-# IQ4_NL/IQ4_XS non-linear levels, shifted by +128 so they are unsigned bytes
-_IQ4_LEVELS_U8 = np.array(
-    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int32
-) + 128
-_IQ4_LEVELS_U8 = _IQ4_LEVELS_U8.astype(np.uint8)
-
-
-# ---------------------------------------------------------------------------------------------
-# Hot loops index with uint64 offsets and never slice: a slice costs two atomic refcount calls,
-# and a signed index costs a negative-wraparound select that keeps LLVM from emitting vpdpbusd.
-# Decoders: row uint8 [row_bytes], superblock at byte `o` (uint64) -> q uint8 [256] unsigned
-# levels, ws float32 [16], wm float32 [16] (one-dot types use ws[0:8] per 32-block; Q6_K uses
-# ws[0:16] per 16; wm is always per 16-half).
-# ---------------------------------------------------------------------------------------------
+from edged.backends.cpu.kquant_decode import (
+    BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, Q2_K, Q3_K, Q5_K, QK_K, decode_superblock,
+)
+from edged.backends.cpu.kquant_simd import (
+    TILE_ROWS, TOKENS, q4k_decode_row, q4k_row_dot, q6k_decode_row, q6k_row_dot,
+    tile_dot_s16_b16, tile_dot_s32_b16, tile_dot_s32_b32,
+)
 
 _U = np.uint64
+GEMV_ROWS = 16  # rows per prange task in the gemv kernels
+GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied together per tile
+# prange steps of the gemm row loop; each allocates its scratch once (a fixed count: asking for the
+# thread count in a kernel defeats Numba's on-disk cache)
+_GEMM_TASKS = 64
+# tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
+_TILE_BYTES = 256 * 1024
+
+# gemm decode kinds (one compiled row kernel per kind)
+_KIND_Q4K, _KIND_Q6K, _KIND_OTHER = 0, 1, 2
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_q2_k(row, o, q, ws, wm):
-    # scales[16] | qs[64] | d | dmin; element e: qs[32*(e//128) + e%32] >> 2*((e%128)//32) & 3
-    io = np.int64(o)
-    d = f16_at(row, io + 80)
-    dmin = f16_at(row, io + 82)
-    for b in range(NBLK):
-        src = o + _U(16 + 32 * (b // 4))
-        sh = np.uint8(2 * (b % 4))
-        sc_lo = row[io + 2 * b]
-        sc_hi = row[io + 2 * b + 1]
-        a_lo = sc_lo & np.uint8(0xF)
-        a_hi = sc_hi & np.uint8(0xF)
-        dst = _U(32 * b)
-        for l in range(16):  # fold the 4-bit sub-block scale in: 3 * 15 fits a byte
-            q[dst + _U(l)] = ((row[src + _U(l)] >> sh) & np.uint8(3)) * a_lo
-        for l in range(16, 32):
-            q[dst + _U(l)] = ((row[src + _U(l)] >> sh) & np.uint8(3)) * a_hi
-        ws[b] = d
-        wm[2 * b] = dmin * np.float32(sc_lo >> np.uint8(4))
-        wm[2 * b + 1] = dmin * np.float32(sc_hi >> np.uint8(4))
+# ------------------------------------------------------------------------------- gemv
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _q3_k_scale(row, io, i):
-    """6-bit sub-block scale i of the Q3_K block at int offset io, minus 32 (-32..31)."""
-    lo = (np.int32(row[io + 96 + i % 8]) >> (4 * (i // 8))) & 0xF
-    hi = (np.int32(row[io + 104 + i % 4]) >> (2 * (i // 4))) & 3
-    return (lo | (hi << 4)) - 32
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_q4_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q4_K rows, one row dot per (row, token); meant for small n."""
+    m, rb = w.shape
+    n, k = xq.shape
+    nblk = k // 32
+    xm = np.empty((n, nblk), np.float32)  # [n, k/32] activation scale × block sum (mins term)
+    for t in range(n):
+        for b in range(nblk):
+            xm[t, b] = xd[t, b] * np.float32(xs[t, b])
+    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+            for t in range(n):
+                y[t, r] = q4k_row_dot(w, r * rb, xq, t * k, xd, xm, t * nblk, k // QK_K)
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_q3_k(row, o, q, ws, wm):
-    # hmask[32] | qs[64] | scales[12] | d; value = (u - 4) * sc with u = 2 low bits + 4 * hmask bit.
-    # (u - 4) * sc = u' * |sc| - c * |sc| where u' = u, c = 4 for sc >= 0 and u' = 7 - u, c = 3
-    # otherwise: u' * |sc| <= 7 * 32 fits a byte, so the scale folds into the weights.
-    io = np.int64(o)
-    d = f16_at(row, io + 108)
-    for b in range(NBLK):
-        src = o + _U(32 + 32 * (b // 4))
-        sh = np.uint8(2 * (b % 4))
-        bit = np.uint8(b)
-        for half in range(2):
-            sc = _q3_k_scale(row, io, 2 * b + half)
-            flip = np.uint8(7) if sc < 0 else np.uint8(0)  # 7 - u == u ^ 7 for u in 0..7
-            a = np.uint8(-sc if sc < 0 else sc)
-            dst = _U(32 * b + 16 * half)
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_q6_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q6_K rows, one row dot per (row, token); meant for small n."""
+    m, rb = w.shape
+    n, k = xq.shape
+    n16 = k // 16
+    xd16 = np.empty((n, n16), np.float32)  # [n, k/16] activation scale of each 16-half
+    xs16 = np.empty((n, n16), np.float32)  # [n, k/16] scale × sum of the half (for the -32 offset)
+    for t in range(n):
+        for h in range(n16):
+            s = np.int32(0)
             for l in range(16):
-                e = _U(16 * half + l)
-                u = ((row[src + e] >> sh) & np.uint8(3)) | (((row[o + e] >> bit) & np.uint8(1)) << np.uint8(2))
-                q[dst + _U(l)] = (u ^ flip) * a
-            wm[2 * b + half] = d * np.float32(a) * np.float32(3.0 if sc < 0 else 4.0)
-        ws[b] = d
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _q4_k_scale_min(row, so, j):
-    """(scale, min) 6-bit pair j of the 12-byte Q4_K/Q5_K scale field at int offset so."""
-    if j < 4:
-        return row[so + j] & np.uint8(63), row[so + j + 4] & np.uint8(63)
-    s = (row[so + j + 4] & np.uint8(0xF)) | ((row[so + j - 4] >> np.uint8(6)) << np.uint8(4))
-    m = (row[so + j + 4] >> np.uint8(4)) | ((row[so + j] >> np.uint8(6)) << np.uint8(4))
-    return s, m
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _k_scales(row, io, ws, wm):
-    """Q4_K/Q5_K per-32 scales and mins: ws = d * scale, wm (both halves) = dmin * min."""
-    d = f16_at(row, io)
-    dmin = f16_at(row, io + 2)
-    for b in range(NBLK):
-        s, m = _q4_k_scale_min(row, io + 4, b)
-        ws[b] = d * np.float32(s)
-        wm[2 * b] = dmin * np.float32(m)
-        wm[2 * b + 1] = wm[2 * b]
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_q4_k(row, o, q, ws, wm):
-    # d | dmin | scales[12] | qs[128]; 32-block 2j: low nibbles of qs[32j:32j+32], 2j+1: high
-    for j in range(4):
-        src = o + _U(16 + 32 * j)
-        dst = _U(64 * j)
-        for l in range(32):
-            v = row[src + _U(l)]
-            q[dst + _U(l)] = v & np.uint8(0xF)
-            q[dst + _U(32 + l)] = v >> np.uint8(4)
-    _k_scales(row, np.int64(o), ws, wm)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_q5_k(row, o, q, ws, wm):
-    # d | dmin | scales[12] | qh[32] | qs[128]; fifth bit of 32-block b is bit b of qh[l]
-    qh = o + _U(16)
-    for j in range(4):
-        src = o + _U(48 + 32 * j)
-        dst = _U(64 * j)
-        b0 = np.uint8(2 * j)
-        b1 = np.uint8(2 * j + 1)
-        for l in range(32):
-            v = row[src + _U(l)]
-            h = row[qh + _U(l)]
-            q[dst + _U(l)] = (v & np.uint8(0xF)) | (((h >> b0) & np.uint8(1)) << np.uint8(4))
-            q[dst + _U(32 + l)] = (v >> np.uint8(4)) | (((h >> b1) & np.uint8(1)) << np.uint8(4))
-    _k_scales(row, np.int64(o), ws, wm)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_q6_k(row, o, q, ws, wm):
-    # ql[128] | qh[64] | scales[16] int8 | d; element e (h = e//128, p = e%128):
-    # low 4 bits: ql[64h + p%64] >> 4*(p//64), high 2 bits: qh[32h + p%32] >> 2*(p//32); value u-32
-    io = np.int64(o)
-    d = f16_at(row, io + 208)
-    for b in range(NBLK):
-        h = b // 4
-        p = b % 4
-        ql = o + _U(64 * h + 32 * (p % 2))
-        qh = o + _U(128 + 32 * h)
-        nsh = np.uint8(4 * (p // 2))
-        hsh = np.uint8(2 * p)
-        dst = _U(32 * b)
-        for l in range(32):
-            lo = (row[ql + _U(l)] >> nsh) & np.uint8(0xF)
-            q[dst + _U(l)] = lo | (((row[qh + _U(l)] >> hsh) & np.uint8(3)) << np.uint8(4))
-    for i in range(16):
-        s = d * np.float32(np.int8(row[io + 192 + i]))
-        ws[i] = s
-        wm[i] = np.float32(32.0) * s
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_iq4_xs(row, o, q, ws, wm, levels):
-    # d | scales_h u16 | scales_l[4] | qs[128]; 32-block b: low nibbles of qs[16b:16b+16], then high
-    io = np.int64(o)
-    d = f16_at(row, io)
-    sh = np.int32(row[io + 2]) | (np.int32(row[io + 3]) << 8)
-    for b in range(NBLK):
-        src = o + _U(8 + 16 * b)
-        dst = _U(32 * b)
-        for l in range(16):
-            v = row[src + _U(l)]
-            q[dst + _U(l)] = levels[v & np.uint8(0xF)]
-            q[dst + _U(16 + l)] = levels[v >> np.uint8(4)]
-        ls = ((np.int32(row[io + 4 + b // 2]) >> (4 * (b % 2))) & 0xF) | (((sh >> (2 * b)) & 3) << 4)
-        s = d * np.float32(ls - 32)
-        ws[b] = s
-        wm[2 * b] = np.float32(128.0) * s  # levels were shifted by +128
-        wm[2 * b + 1] = wm[2 * b]
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode(qt, row, o, q, ws, wm, levels):
-    if qt == Q4_K:
-        _decode_q4_k(row, o, q, ws, wm)
-    elif qt == Q6_K:
-        _decode_q6_k(row, o, q, ws, wm)
-    elif qt == Q5_K:
-        _decode_q5_k(row, o, q, ws, wm)
-    elif qt == Q2_K:
-        _decode_q2_k(row, o, q, ws, wm)
-    elif qt == Q3_K:
-        _decode_q3_k(row, o, q, ws, wm)
-    else:
-        _decode_iq4_xs(row, o, q, ws, wm, levels)
-
-
-# ---------------------------------------------------------------------------------------------
-# integer dots (u8 weights × i8 activations, explicit int32 accumulation -> vpdpbusd)
-# ---------------------------------------------------------------------------------------------
+                s = np.int32(s + np.int32(xq[t, 16 * h + l]))
+            d = xd[t, h // 2]
+            xd16[t, h] = d
+            xs16[t, h] = d * np.float32(s)
+    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+            for t in range(n):
+                y[t, r] = q6k_row_dot(w, r * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -228,164 +88,187 @@ def _dot32(a, ao, x, xo):
     return np.float32(s)
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _dot16(a, ao, x, xo):
-    s = np.int32(0)
-    for l in range(16):
-        s = np.int32(s + np.int32(a[ao + _U(l)]) * np.int32(x[xo + _U(l)]))
-    return np.float32(s)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True)
-def _first_half_sums(xq):
-    """int32 [n, k/32]: sums of the first 16 activations of each 32-block."""
-    n, k = xq.shape
-    nb_ = k // 32
-    out = np.empty((n, nb_), dtype=np.int32)
-    for t in nb.prange(n):
-        for b in range(nb_):
-            s = np.int32(0)
-            for l in range(16):
-                s = np.int32(s + np.int32(xq[t, 32 * b + l]))
-            out[t, b] = s
-    return out
-
-
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for K-quant/IQ4_XS rows w uint8 [m, row_bytes] of type code `qt`.
-
-    Per row and token: decode each superblock, then one int32 dot per 32-block (two 16-half dots
-    for Q6_K). Meant for small n (decode): the decode is repeated per token."""
+    """y[n, m] = x @ W.T for Q2_K/Q3_K/Q5_K/IQ4_XS rows of type code qt: per row and token, decode
+    each superblock, then one int32 dot per 32-block. Meant for small n."""
     m = w.shape[0]
     n, k = xq.shape
     nsb = k // QK_K
-    bb = _BLOCK_BYTES[qt]
-    split = qt == Q6_K
-    xlo = _first_half_sums(xq)  # [n, k/32]
-    rows_per_task = 8
-    n_tasks = (m + rows_per_task - 1) // rows_per_task
-    for task in nb.prange(n_tasks):
+    bb = BLOCK_BYTES[qt]
+    xlo = np.empty((n, k // 32), np.int32)  # [n, k/32] sums of the first 16 of each block
+    for t in range(n):
+        for b in range(k // 32):
+            s = np.int32(0)
+            for l in range(16):
+                s = np.int32(s + np.int32(xq[t, 32 * b + l]))
+            xlo[t, b] = s
+    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
         q = np.empty(QK_K, dtype=np.uint8)
-        ws = np.empty(16, dtype=np.float32)
-        wm = np.empty(16, dtype=np.float32)
-        for r in range(task * rows_per_task, min(m, (task + 1) * rows_per_task)):
+        ws = np.empty(NBLK, dtype=np.float32)
+        wm = np.empty(2 * NBLK, dtype=np.float32)
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
             row = w[r]
             for t in range(n):
                 xrow = xq[t]
                 acc = np.float32(0.0)
                 for i in range(nsb):
-                    _decode(qt, row, _U(i * bb), q, ws, wm, levels)
+                    decode_superblock(qt, row, _U(i * bb), q, ws, wm, levels)
                     xo = _U(i * QK_K)
                     for b in range(NBLK):
                         gb = i * NBLK + b
-                        qo = _U(32 * b)
-                        if split:
-                            v = ws[2 * b] * _dot16(q, qo, xrow, xo + qo)
-                            v += ws[2 * b + 1] * _dot16(q, qo + _U(16), xrow, xo + qo + _U(16))
-                        else:
-                            v = ws[b] * _dot32(q, qo, xrow, xo + qo)
+                        v = ws[b] * _dot32(q, _U(32 * b), xrow, xo + _U(32 * b))
                         lo = np.float32(xlo[t, gb])
                         hi = np.float32(xs[t, gb]) - lo
                         acc += xd[t, gb] * (v - wm[2 * b] * lo - wm[2 * b + 1] * hi)
                 y[t, r] = acc
 
 
-@nb.njit(cache=True, nogil=True, parallel=True)
-def _prepare_tiles(xq, xd, xs):
-    """Activations regrouped for 16-token tiles.
-
-    Returns xi int8 [tiles * k/32 * 512] (each 32-block as [8 groups][16 tokens][4 bytes], as
-    simd.dot_u8i8_x16 wants; missing tokens zero), and float32 [tiles, k/32, 16] arrays of
-    xd, xd·(first-half sum) and xd·(second-half sum)."""
-    n, k = xq.shape
-    nb_ = k // 32
-    tiles = (n + TOKENS - 1) // TOKENS
-    xi = np.zeros(tiles * nb_ * 512, dtype=np.int8)
-    xdt = np.zeros((tiles, nb_, TOKENS), dtype=np.float32)
-    xlot = np.zeros((tiles, nb_, TOKENS), dtype=np.float32)
-    xhit = np.zeros((tiles, nb_, TOKENS), dtype=np.float32)
-    for tb in nb.prange(tiles * nb_):
-        tile = tb // nb_
-        b = tb % nb_
-        base = tb * 512
-        for t in range(min(TOKENS, n - tile * TOKENS)):
-            tok = tile * TOKENS + t
-            lo = np.int32(0)
-            for l in range(16):
-                lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
-            for g in range(8):
-                for j in range(4):
-                    xi[base + g * 64 + t * 4 + j] = xq[tok, 32 * b + 4 * g + j]
-            d = xd[tok, b]
-            xdt[tile, b, t] = d
-            xlot[tile, b, t] = d * np.float32(lo)
-            xhit[tile, b, t] = d * np.float32(xs[tok, b] - lo)
-    return xi, xdt, xlot, xhit
+# ------------------------------------------------------------------------------- gemm
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemm_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for larger n: each row's superblock is decoded once and applied to every
-    16-token tile through simd.dot_u8i8_x16 (int32 lanes per token, no horizontal sums)."""
-    m = w.shape[0]
+def _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt):
+    """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) as 16-token tiles (missing tokens zero):
+    xi int8 [ntile, k/32 · 512] ([block][8 groups][16 tokens][4 bytes], as tile_dot reads it),
+    xdt float32 [ntile, k/32 · 16] activation scales, and xbt float32 scale × sums: per block
+    [16] (block sums) or, with bias16, [2][16] (sums of elements 0-15 and 16-31)."""
     n, k = xq.shape
+    nblk = k // 32
+    ntile = xi.shape[0]
+    nb_ = 2 if bias16 else 1
+    xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
+    xi4 = xi.view(np.int32)  # [ntile, k/32 · 128]
+    for tt in nb.prange(ntile * TOKENS):
+        tile = tt // TOKENS
+        t = tt % TOKENS
+        tok = n0 + tt
+        if tok < n:
+            for b in range(nblk):
+                for g in range(8):
+                    xi4[tile, b * 128 + g * 16 + t] = xq4[tok, b * 8 + g]
+            for b in range(nblk):
+                d = xd[tok, b]
+                xdt[tile, b * TOKENS + t] = d
+                if bias16:
+                    lo = np.int32(0)
+                    for l in range(16):
+                        lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
+                    xbt[tile, 2 * b * TOKENS + t] = d * np.float32(lo)
+                    xbt[tile, (2 * b + 1) * TOKENS + t] = d * np.float32(xs[tok, b] - lo)
+                else:
+                    xbt[tile, b * TOKENS + t] = d * np.float32(xs[tok, b])
+        else:
+            for b in range(nblk):
+                for g in range(8):
+                    xi4[tile, b * 128 + g * 16 + t] = 0
+                xdt[tile, b * TOKENS + t] = 0.0
+                for q in range(nb_):
+                    xbt[tile, (nb_ * b + q) * TOKENS + t] = 0.0
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _decode_row_other(qt, row, u, s, c, q, ws, wm, levels):
+    """Q2_K/Q3_K/Q5_K/IQ4_XS row -> u uint8 [k], s float32 [k/32], c float32 [k/32 · 2] (per 16)."""
+    nsb = u.shape[0] // QK_K
+    bb = BLOCK_BYTES[qt]
+    for i in range(nsb):
+        decode_superblock(qt, row, _U(i * bb), q, ws, wm, levels)
+        for e in range(QK_K):
+            u[i * QK_K + e] = q[e]
+        for b in range(NBLK):
+            s[i * NBLK + b] = ws[b]
+        for h in range(2 * NBLK):
+            c[2 * i * NBLK + h] = -wm[h]
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
+    """y[n0 : n0 + n_live, :] for prepared tiles; `kind` picks the row decoder and tile dot at run
+    time (one compiled kernel for every type; the branches are per row and per tile)."""
+    m, rb = w.shape
+    ntile = xi.shape[0]
+    nblk = xdt.shape[1] // TOKENS
+    k = nblk * 32
     nsb = k // QK_K
-    nb_ = k // 32
-    bb = _BLOCK_BYTES[qt]
-    split = qt == Q6_K
-    tiles = (n + TOKENS - 1) // TOKENS
-    xi, xdt, xlot, xhit = _prepare_tiles(xq, xd, xs)
-    rows_per_task = 4
-    n_tasks = (m + rows_per_task - 1) // rows_per_task
+    ns = 2 * nblk if kind == _KIND_Q6K else nblk  # scales per row
+    nc = nblk if kind == _KIND_Q4K else 2 * nblk  # biases per row
+    n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
+    n_tasks = min(n_groups, _GEMM_TASKS)
     for task in nb.prange(n_tasks):
-        q = np.empty(QK_K, dtype=np.uint8)
-        qm = np.zeros(64, dtype=np.uint8)  # Q6_K: [lo16, 0 * 16, 0 * 16, hi16] of one block
-        ws = np.empty(16, dtype=np.float32)
-        wm = np.empty(16, dtype=np.float32)
-        s = np.empty(TOKENS, dtype=np.int32)
-        s2 = np.empty(TOKENS, dtype=np.int32)
-        acc = np.empty((tiles, TOKENS), dtype=np.float32)
-        for r in range(task * rows_per_task, min(m, (task + 1) * rows_per_task)):
-            acc[:] = 0.0
-            row = w[r]
-            for i in range(nsb):
-                _decode(qt, row, _U(i * bb), q, ws, wm, levels)
-                for b in range(NBLK):
-                    gb = i * NBLK + b
-                    if split:
-                        for l in range(16):
-                            qm[l] = q[32 * b + l]
-                            qm[48 + l] = q[32 * b + 16 + l]
-                    m_lo = wm[2 * b]
-                    m_hi = wm[2 * b + 1]
-                    for tile in range(tiles):
-                        xo = (tile * nb_ + gb) * 512
-                        if split:
-                            dot_u8i8_x16(qm, 0, xi, xo, s)
-                            dot_u8i8_x16(qm, 32, xi, xo, s2)
-                            s_lo = ws[2 * b]
-                            s_hi = ws[2 * b + 1]
-                            for t in range(TOKENS):
-                                acc[tile, t] += (xdt[tile, gb, t] * (s_lo * np.float32(s[t]) + s_hi * np.float32(s2[t]))
-                                                 - m_lo * xlot[tile, gb, t] - m_hi * xhit[tile, gb, t])
-                        else:
-                            dot_u8i8_x16(q, 32 * b, xi, xo, s)
-                            sc = ws[b]
-                            for t in range(TOKENS):
-                                acc[tile, t] += (sc * xdt[tile, gb, t] * np.float32(s[t])
-                                                 - m_lo * xlot[tile, gb, t] - m_hi * xhit[tile, gb, t])
-            for tile in range(tiles):
-                for t in range(min(TOKENS, n - tile * TOKENS)):
-                    y[tile * TOKENS + t, r] = acc[tile, t]
+        # zeroed: rows past m in the last group run through tile_dot too (their outputs are dropped)
+        u = np.zeros(GEMM_ROWS * k, np.uint8)  # [rows, k] decoded unsigned weights
+        s = np.zeros(GEMM_ROWS * ns, np.float32)  # [rows, ns]
+        c = np.zeros(GEMM_ROWS * nc, np.float32)  # [rows, nc]
+        acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, 16] rows × one tile
+        q = np.empty(QK_K, np.uint8)
+        ws = np.empty(NBLK, np.float32)
+        wm = np.empty(2 * NBLK, np.float32)
+        for grp in range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks):
+            r0 = grp * GEMM_ROWS
+            nr = min(m - r0, GEMM_ROWS)
+            for i in range(nr):
+                if kind == _KIND_Q4K:
+                    q4k_decode_row(w, (r0 + i) * rb, nsb, u[i * k:], s[i * ns:], c[i * nc:])
+                elif kind == _KIND_Q6K:
+                    q6k_decode_row(w, (r0 + i) * rb, nsb, u[i * k:], s[i * ns:], c[i * nc:])
+                else:
+                    _decode_row_other(qt, w[r0 + i], u[i * k:(i + 1) * k], s[i * ns:], c[i * nc:], q, ws, wm, levels)
+            for tile in range(ntile):
+                live = min(TOKENS, n_live - tile * TOKENS)
+                xo = tile * nblk * 512
+                xdo = tile * nblk * TOKENS
+                if kind == _KIND_Q4K:
+                    tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
+                elif kind == _KIND_Q6K:
+                    tile_dot_s16_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
+                else:
+                    tile_dot_s32_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
+                for i in range(nr):
+                    for t in range(live):
+                        y[n0 + tile * TOKENS + t, r0 + i] = acc[i * TOKENS + t]
+
+
+@nb.njit(cache=True, nogil=True)
+def _gemm(kind, qt, levels, w, xq, xd, xs, y):
+    """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows."""
+    n, k = xq.shape
+    nblk = k // 32
+    bias16 = kind != _KIND_Q4K
+    nb_ = 2 if bias16 else 1
+    per_pass = max(1, _TILE_BYTES // (TOKENS * k)) * TOKENS
+    for n0 in range(0, n, per_pass):
+        n_live = min(n - n0, per_pass)
+        ntile = (n_live + TOKENS - 1) // TOKENS
+        xi = np.empty((ntile, nblk * 512), np.int8)  # [ntile, k/32 · 8 · 16 · 4]
+        xdt = np.empty((ntile, nblk * TOKENS), np.float32)  # [ntile, k/32 · 16]
+        xbt = np.empty((ntile, nb_ * nblk * TOKENS), np.float32)  # [ntile, k/32 · (1|2) · 16]
+        _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt)
+        _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y)
+
+
+@nb.njit(cache=True, nogil=True)
+def gemm_q4_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q4_K rows, tiled over 16 tokens; for n > 1."""
+    _gemm(_KIND_Q4K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
+
+
+@nb.njit(cache=True, nogil=True)
+def gemm_q6_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q6_K rows, tiled over 16 tokens; for n > 1."""
+    _gemm(_KIND_Q6K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
+
+
+@nb.njit(cache=True, nogil=True)
+def gemm_kquant(w, xq, xd, xs, y, qt, levels):
+    """y[n, m] = x @ W.T for Q2_K/Q3_K/Q5_K/IQ4_XS rows of type code qt, tiled over 16 tokens."""
+    _gemm(_KIND_OTHER, qt, levels, w, xq, xd, xs, y)
 
 
 class TypedKernel:
-    """One type's kernel with the contract's signature f(w_rows, xq, xd, xs, y) -> None.
-
-    All six types share the two compiled kernels (one specialization each, not twelve: Numba
-    re-optimizes a callee into every caller); this binds the type code. `inspect_asm` and
-    `signatures` are the shared dispatcher's, for VNNI checks and benches."""
+    """A shared kernel bound to one type code, with the contract's signature
+    f(w_rows, xq, xd, xs, y) -> None (Q2_K/Q3_K/Q5_K/IQ4_XS share their two compiled kernels).
+    `inspect_asm` and `signatures` are the shared dispatcher's, for VNNI checks and benches."""
 
     def __init__(self, name: str, kernel, code: int):
         self.__name__ = name
@@ -393,7 +276,7 @@ class TypedKernel:
         self.code = code
 
     def __call__(self, w, xq, xd, xs, y) -> None:
-        self.kernel(w, xq, xd, xs, y, self.code, _IQ4_LEVELS_U8)
+        self.kernel(w, xq, xd, xs, y, self.code, IQ4_LEVELS_U8)
 
     @property
     def signatures(self):
@@ -406,12 +289,16 @@ class TypedKernel:
         return f"<TypedKernel {self.__name__}>"
 
 
-_CODES = {T.Q2_K: Q2_K, T.Q3_K: Q3_K, T.Q4_K: Q4_K, T.Q5_K: Q5_K, T.Q6_K: Q6_K, T.IQ4_XS: IQ4_XS}
+_OTHER = {T.Q2_K: Q2_K, T.Q3_K: Q3_K, T.Q5_K: Q5_K, T.IQ4_XS: IQ4_XS}
 
 KERNELS = {
-    qtype: (
-        TypedKernel(f"gemv_{qtype.name.lower()}", gemv_kquant, code),
-        TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, code),
-    )
-    for qtype, code in _CODES.items()
+    T.Q4_K: (gemv_q4_k, gemm_q4_k),
+    T.Q6_K: (gemv_q6_k, gemm_q6_k),
+    **{
+        qtype: (
+            TypedKernel(f"gemv_{qtype.name.lower()}", gemv_kquant, code),
+            TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, code),
+        )
+        for qtype, code in _OTHER.items()
+    },
 }

@@ -1,4 +1,7 @@
-"""K-quant / IQ4_XS matmul kernels vs x @ dequantize(W).T (gguf-py's dequantizer as ground truth)."""
+"""K-quant / IQ4_XS matmul kernels vs x @ dequantize(W).T (gguf-py's dequantizer as ground truth).
+
+Run: .venv/bin/python -m pytest tests/backends/test_matmul_kquants.py -q (add -m slow for the
+VNNI / portable-path checks)."""
 
 import edged  # noqa: F401  (numba settings before numba is imported)
 import numpy as np
@@ -45,13 +48,18 @@ def test_kernels_match_reference(qtype, k, m):
             assert err < REL_ERR[qtype], f"{kern.__name__} n={n} k={k} m={m}: rel err {err:.4f}"
 
 
-@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_extreme_subblock_scales(qtype):
-    """Sub-block scales at their limits (Q3_K -32 and +31, Q6_K ±127, Q2_K 15) and all-max quants:
-    the scale-folding and offset paths must stay exact up to activation rounding."""
+    """Sub-block scales at their limits (Q3_K -32 and +31, Q6_K ±127, Q2_K 15, Q4_K 63 with the
+    high bits of the 6-bit fields set) and extreme quants: the scale-unpacking, scale-folding and
+    offset paths must stay exact up to activation rounding."""
     w = random_qtensor(qtype, 5, 512, seed=1)
-    blocks = w.data.reshape(-1, {T.Q2_K: 84, T.Q3_K: 110, T.Q6_K: 210}[qtype])
-    if qtype == T.Q2_K:
+    blocks = w.data.reshape(-1, {T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q6_K: 210}[qtype])
+    if qtype == T.Q4_K:
+        blocks[0::2, 4:16] = 0xFF  # every scale and min 63
+        blocks[1::2, 4:16] = 0xC0  # pairs 0-3 zero; 4-7 mostly from the top 2 bits of bytes 0-7
+        blocks[:, 16:144] = 0xF0  # low nibbles 0, high nibbles 15
+    elif qtype == T.Q2_K:
         blocks[:, 0:16] = 0xFF  # scale 15, min 15
         blocks[:, 16:80] = 0xFF  # all quants 3
     elif qtype == T.Q3_K:
@@ -70,23 +78,68 @@ def test_extreme_subblock_scales(qtype):
         assert err < REL_ERR[qtype], f"{kern.__name__}: rel err {err:.4f}"
 
 
-@pytest.mark.slow
-def test_vnni_in_kernels():
-    """Both shared kernels compile to VNNI on hosts that have it (see ARCHITECTURE.md). Compiles
-    uncached copies: Numba cannot inspect code loaded from its on-disk cache."""
+def test_gemm_multiple_passes_and_partial_tiles():
+    """n = 130 at k = 2048 spans two passes over the weights (128 tokens each) and a 2-token tile;
+    m = 7 leaves a partial group of rows."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((130, 2048)).astype(np.float32)
+    for qtype in (T.Q4_K, T.Q6_K, T.Q5_K):
+        w = random_qtensor(qtype, 7, 2048, seed=3)
+        ref = x @ reference_dequantize(w).T
+        err = _rel_err(_run(mk.KERNELS[qtype][1], w, x), ref)
+        assert err < REL_ERR[qtype], f"{qtype.name}: rel err {err:.4f}"
+
+
+def _fresh(fn):
+    """An uncached copy of a Numba kernel: Numba cannot inspect code loaded from its on-disk cache,
+    and the vector intrinsics pick VNNI or portable code when the caller is compiled."""
     import numba as nb
 
-    from edged.backends.cpu import simd
+    return nb.njit(parallel=fn.targetoptions.get("parallel", False), nogil=True, fastmath=False)(fn.py_func)
 
-    if not simd.USE_VNNI:
+
+def _tiled_gemm(rows_kernel, kind, qt, w, x):
+    """y = x @ W.T through _prepare_tiles and the given (fresh) _gemm_rows copy; n <= 128."""
+    xq, xd, xs = quantize_activations(x)
+    n, k = x.shape
+    ntile, nblk, nb_ = (n + 15) // 16, k // 32, (1 if kind == mk._KIND_Q4K else 2)
+    xi = np.empty((ntile, nblk * 512), np.int8)
+    xdt = np.empty((ntile, nblk * 16), np.float32)
+    xbt = np.empty((ntile, nb_ * nblk * 16), np.float32)
+    mk._prepare_tiles(xq, xd, xs, 0, nb_ == 2, xi, xdt, xbt)
+    y = np.full((n, w.n_rows), np.nan, np.float32)
+    rows_kernel(kind, qt, mk.IQ4_LEVELS_U8, w.rows(), 0, n, xi, xdt, xbt, y)
+    return y
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_vnni", [True, False], ids=["vnni", "portable"])
+def test_vector_paths(use_vnni):
+    """With VNNI (on hosts that have it) every kernel's hot loop is vpdpbusd; the portable vector
+    code (what hosts without VNNI compile) gives the same results and no vpdpbusd."""
+    from edged.backends.cpu import kquant_simd
+
+    if use_vnni and not kquant_simd.USE_VNNI:
         pytest.skip("host has no AVX-512 VNNI")
-    w = random_qtensor(T.Q4_K, 7, 256)
-    xq, xd, xs = quantize_activations(np.ones((17, 256), np.float32))
-    y = np.empty((17, 7), np.float32)
-    for kern in (mk.gemv_kquant, mk.gemm_kquant):
-        fresh = nb.njit(parallel=True, nogil=True)(kern.py_func)
-        fresh(w.rows(), xq, xd, xs, y, mk.Q4_K, mk._IQ4_LEVELS_U8)
-        assert "vpdpbusd" in fresh.inspect_asm(fresh.signatures[0])
+    saved = kquant_simd.USE_VNNI
+    kquant_simd.USE_VNNI = use_vnni
+    try:
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((17, 512)).astype(np.float32)
+        rows_kernel = _fresh(mk._gemm_rows)
+        for qtype, gemv, kind in ((T.Q4_K, mk.gemv_q4_k, mk._KIND_Q4K), (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K)):
+            w = random_qtensor(qtype, 7, 512, seed=9)
+            ref = x @ reference_dequantize(w).T
+            fresh = _fresh(gemv)
+            assert _rel_err(_run(fresh, w, x), ref) < REL_ERR[qtype]
+            assert _rel_err(_tiled_gemm(rows_kernel, kind, 0, w, x), ref) < REL_ERR[qtype]
+            assert ("vpdpbusd" in fresh.inspect_asm(fresh.signatures[0])) == use_vnni
+        w = random_qtensor(T.Q3_K, 7, 512, seed=9)  # the shared tile dot of the other types
+        y = _tiled_gemm(rows_kernel, mk._KIND_OTHER, mk.Q3_K, w, x)
+        assert _rel_err(y, x @ reference_dequantize(w).T) < REL_ERR[T.Q3_K]
+        assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
+    finally:
+        kquant_simd.USE_VNNI = saved
 
 
 def test_real_tensors_of_default_model():

@@ -1,0 +1,518 @@
+"""Hand-written vector code (LLVM IR intrinsics) for the Q4_K and Q6_K matmul kernels.
+
+LLVM does not find a good schedule for K-quant superblocks on its own (nibble unpacking, per-32
+scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte vectors:
+
+- gemv (one token): `q4k_row_dot` / `q6k_row_dot` return one row's dot with one token's int8
+  activations. Weight nibbles are unpacked in registers (never stored) and multiplied as unsigned
+  bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the 16 int32 lanes
+  are scaled per lane (weight scale × activation scale) into float accumulators, reduced once
+  per row.
+- gemm (16-token tiles): `q4k_decode_row` / `q6k_decode_row` unpack one row once into unsigned
+  bytes u [k] and float scales / biases; `tile_dot_*` multiply TILE_ROWS such rows by a 16-token
+  tile of 4-interleaved activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight
+  words, 16 tokens in the lanes of one vector, no horizontal sums; each activation vector load
+  serves all TILE_ROWS rows (one load per vpdpbusd made the loop load-bound).
+
+All byte offsets are element offsets into C-contiguous arrays; nothing is bounds-checked (the
+kernels in matmul_kquants.py own the shapes). On hosts without AVX-512 VNNI (decided at compile
+time from `USE_VNNI`, which tests flip to exercise it) the dot is portable vector IR
+(zext × sext, sums of 4 lanes) that LLVM lowers for any target.
+"""
+
+import llvmlite.binding as llvm
+import numba as nb
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+# Read at codegen time; tests set it to False (and compile uncached) to run the portable path.
+USE_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
+
+TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 / float32 lanes
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32 = ir.FloatType()
+
+
+def _v(t, n):
+    return ir.VectorType(t, n)
+
+
+_V64I8, _V32I8, _V16I8 = _v(_I8, 64), _v(_I8, 32), _v(_I8, 16)
+_V32I16 = _v(_I16, 32)
+_V16I32, _V8I32, _V4I32 = _v(_I32, 16), _v(_I32, 8), _v(_I32, 4)
+_V16F, _V8F = _v(_F32, 16), _v(_F32, 8)
+
+
+# ------------------------------------------------------------------------------- IR helpers
+
+
+def _base(context, builder, arrty, arr, off):
+    """i8* to element `off` (an LLVM integer) of a C-contiguous array of any rank."""
+    ary = context.make_array(arrty)(context, builder, arr)
+    p = builder.gep(ary.data, [off])
+    return builder.bitcast(p, _I8.as_pointer())
+
+
+def _ld(builder, p, boff, ty, align=1):
+    """Load a value of type `ty` from i8* p + boff bytes (boff a Python int or an LLVM i64)."""
+    if isinstance(boff, int):
+        boff = ir.Constant(_I64, boff)
+    q = builder.bitcast(builder.gep(p, [boff]), ty.as_pointer())
+    return builder.load(q, align=align)
+
+
+def _st(builder, val, p, boff, align=1):
+    if isinstance(boff, int):
+        boff = ir.Constant(_I64, boff)
+    builder.store(val, builder.bitcast(builder.gep(p, [boff]), val.type.as_pointer()), align=align)
+
+
+def _splat(builder, x, vty):
+    """Vector of type vty with every lane = scalar x."""
+    one = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(_v(_I32, vty.count), [0] * vty.count))
+
+
+def _const(vty, vals):
+    return ir.Constant(vty, list(vals) if not isinstance(vals, int) else [vals] * vty.count)
+
+
+def _shuf(builder, a, idx, b=None):
+    idx = list(idx)
+    return builder.shuffle_vector(a, b if b is not None else ir.Constant(a.type, ir.Undefined), ir.Constant(_v(_I32, len(idx)), idx))
+
+
+def _fmuladd(builder, a, b, c):
+    """a * b + c; fused where the target has FMA (llvm.fmuladd lets LLVM choose)."""
+    ty = a.type
+    name = f"llvm.fmuladd.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fmuladd.f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
+    return builder.call(fn, [a, b, c])
+
+
+def _hsum(builder, v):
+    """Sum of the lanes of a float vector (a fixed tree of shuffles)."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        v = builder.fadd(_shuf(builder, v, range(n)), _shuf(builder, v, range(n, 2 * n)))
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _f16(builder, h):
+    """Exact float32 of the IEEE half bit pattern h (i16), integer ops only (no F16C needed):
+    the bits shifted into float32 position and scaled by 2^112 (exact for normals and
+    subnormals); exponent 31 (inf / NaN) is patched separately, as quant/f16.py does."""
+    h = builder.zext(h, _I32)
+    sign = builder.shl(builder.and_(h, ir.Constant(_I32, 0x8000)), ir.Constant(_I32, 16))
+    em = builder.shl(builder.and_(h, ir.Constant(_I32, 0x7FFF)), ir.Constant(_I32, 13))
+    scaled = builder.fmul(builder.bitcast(em, _F32), ir.Constant(_F32, 2.0**112))
+    special = builder.icmp_unsigned("==", builder.and_(h, ir.Constant(_I32, 0x7C00)), ir.Constant(_I32, 0x7C00))
+    infnan = builder.or_(em, ir.Constant(_I32, 0x7F800000))
+    bits = builder.select(special, infnan, builder.bitcast(scaled, _I32))
+    return builder.bitcast(builder.or_(bits, sign), _F32)
+
+
+def _dpbusd(builder, acc, w, x):
+    """acc (16 x i32) + per-lane Σ of 4 products unsigned w bytes × signed x bytes (64 x i8 each)."""
+    if USE_VNNI:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, builder.bitcast(w, _V16I32), builder.bitcast(x, _V16I32)])
+    prod = builder.mul(builder.zext(w, _v(_I32, 64)), builder.sext(x, _v(_I32, 64)))
+    for q in range(4):
+        acc = builder.add(acc, _shuf(builder, prod, [4 * t + q for t in range(16)]))
+    return acc
+
+
+def _bcast32(builder, p, boff):
+    """A 32-byte load repeated in both halves of a 64-byte vector."""
+    v = _ld(builder, p, boff, _V32I8)
+    return _shuf(builder, v, list(range(32)) * 2)
+
+
+def _lshr8(builder, v, shifts):
+    """v (64 x i8) shifted right as 16-bit lanes by shifts (32 per-lane counts); callers mask."""
+    s = builder.lshr(builder.bitcast(v, _V32I16), _const(_V32I16, shifts))
+    return builder.bitcast(s, _V64I8)
+
+
+def _shl8(builder, v, shifts):
+    s = builder.shl(builder.bitcast(v, _V32I16), _const(_V32I16, shifts))
+    return builder.bitcast(s, _V64I8)
+
+
+def _loop(builder, count, body, init):
+    """for i in range(count) with loop-carried LLVM values (a list), returning their final values.
+    Carried values live in allocas (promoted to registers by LLVM's mem2reg)."""
+    slots = [cgutils.alloca_once_value(builder, v) for v in init]
+    with cgutils.for_range(builder, count) as loop:
+        vals = [builder.load(s) for s in slots]
+        new = body(loop.index, vals)
+        for s, v in zip(slots, new):
+            builder.store(v, s)
+    return [builder.load(s) for s in slots]
+
+
+def _is_arr(t, dtype):
+    return isinstance(t, types.Array) and t.dtype == dtype and t.layout == "C"
+
+
+def _ints(*ts):
+    return all(isinstance(t, types.Integer) for t in ts)
+
+
+def _i64(context, builder, val, ty):
+    return context.cast(builder, val, ty, types.int64)
+
+
+# ------------------------------------------------------------------------------- Q4_K
+
+
+Q4K_BYTES = 144  # d f16 | dmin f16 | scales[12] | qs[128]
+Q6K_BYTES = 210  # ql[128] | qh[64] | scales[16] int8 | d f16
+
+
+def _q4k_scales(builder, bp):
+    """(d · scale[0:8], dmin · min[0:8]) as float32 vectors of 8, from one Q4_K block at i8* bp.
+
+    The 12-byte field packs eight 6-bit (scale, min) pairs: pairs 0-3 in the low 6 bits of bytes
+    0-3 / 4-7, pairs 4-7 as nibbles of bytes 8-11 plus the top 2 bits of bytes 0-3 / 4-7."""
+    dd = _ld(builder, bp, 0, _I32)
+    d = _f16(builder, builder.trunc(dd, _I16))
+    dmin = _f16(builder, builder.trunc(builder.lshr(dd, ir.Constant(_I32, 16)), _I16))
+    a0, a1, a2 = (_ld(builder, bp, 4 + 4 * i, _I32) for i in range(3))
+    c = lambda v: ir.Constant(_I32, v)  # noqa: E731
+    sc_lo = builder.and_(a0, c(0x3F3F3F3F))
+    mn_lo = builder.and_(a1, c(0x3F3F3F3F))
+    top0 = builder.shl(builder.and_(builder.lshr(a0, c(6)), c(0x03030303)), c(4))
+    top1 = builder.shl(builder.and_(builder.lshr(a1, c(6)), c(0x03030303)), c(4))
+    sc_hi = builder.or_(builder.and_(a2, c(0x0F0F0F0F)), top0)
+    mn_hi = builder.or_(builder.and_(builder.lshr(a2, c(4)), c(0x0F0F0F0F)), top1)
+    words = ir.Constant(_V4I32, ir.Undefined)
+    for i, wv in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+        words = builder.insert_element(words, wv, c(i))
+    b16 = builder.bitcast(words, _V16I8)
+    sc = builder.uitofp(builder.zext(_shuf(builder, b16, range(8)), _V8I32), _V8F)
+    mn = builder.uitofp(builder.zext(_shuf(builder, b16, range(8, 16)), _V8I32), _V8F)
+    return builder.fmul(sc, _splat(builder, d, _V8F)), builder.fmul(mn, _splat(builder, dmin, _V8F))
+
+
+def _q4k_nibbles(builder, bp, j):
+    """64 unsigned weights (elements 64j .. 64j+63 of the superblock) from qs[32j : 32j+32]:
+    low nibbles first (32-block 2j), then high nibbles (32-block 2j+1)."""
+    v = _bcast32(builder, bp, 16 + 32 * j)
+    v = _lshr8(builder, v, [0] * 16 + [4] * 16)
+    return builder.and_(v, _const(_V64I8, 0x0F))
+
+
+@intrinsic
+def _q4k_row_dot(typingctx, w, woff, x, xoff, xd, xm, doff, nsb):
+    if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd, types.float32)
+            and _is_arr(xm, types.float32) and _ints(woff, xoff, doff, nsb)):
+        return None
+    sig = types.float32(w, woff, x, xoff, xd, xm, doff, nsb)
+
+    def codegen(context, builder, signature, args):
+        wa, wo, xa, xo, xda, xma, do, ns = args
+        st = signature.args
+        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
+        xp = _base(context, builder, st[2], xa, _i64(context, builder, xo, st[3]))
+        dof = _i64(context, builder, do, st[6])
+        xdp = _base(context, builder, st[4], xda, dof)
+        xmp = _base(context, builder, st[5], xma, dof)
+        zero16, zero8 = ir.Constant(_V16F, None), ir.Constant(_V8F, None)
+
+        def body(i, acc):
+            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q4K_BYTES))])
+            xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
+            fo = builder.mul(i, ir.Constant(_I64, 32))  # 8 floats
+            ws, wm = _q4k_scales(builder, bp)
+            sx = builder.fmul(ws, _ld(builder, xdp, fo, _V8F))  # [8] weight scale × act scale
+            accm = _fmuladd(builder, wm, _ld(builder, xmp, fo, _V8F), acc[4])
+            out = []
+            for j in range(4):
+                s = _dpbusd(builder, ir.Constant(_V16I32, None), _q4k_nibbles(builder, bp, j), _ld(builder, xb, 64 * j, _V64I8))
+                lane = _shuf(builder, sx, [2 * j] * 8 + [2 * j + 1] * 8)
+                out.append(_fmuladd(builder, builder.sitofp(s, _V16F), lane, acc[j]))
+            return out + [accm]
+
+        acc = _loop(builder, _i64(context, builder, ns, st[7]), body, [zero16] * 4 + [zero8])
+        tot = builder.fadd(builder.fadd(acc[0], acc[1]), builder.fadd(acc[2], acc[3]))
+        return builder.fsub(_hsum(builder, tot), _hsum(builder, acc[4]))
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb):
+    """float32 dot of one Q4_K row (nsb superblocks at byte woff of w) with one token's int8
+    activations (at element xoff of x); xd / xm float32 hold the token's per-32 activation scales
+    and scale × block sum from element doff on (the Q4_K mins term needs only block sums)."""
+    return _q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb)
+
+
+@intrinsic
+def _q4k_decode_row(typingctx, w, woff, nsb, u, s, c):
+    if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
+            and _is_arr(c, types.float32) and _ints(woff, nsb)):
+        return None
+    sig = types.void(w, woff, nsb, u, s, c)
+
+    def codegen(context, builder, signature, args):
+        wa, wo, ns, ua, sa, ca = args
+        st = signature.args
+        zero = ir.Constant(_I64, 0)
+        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
+        up, sp, cp = (_base(context, builder, st[k], a, zero) for k, a in ((3, ua), (4, sa), (5, ca)))
+
+        def body(i, _):
+            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q4K_BYTES))])
+            ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
+            fo = builder.mul(i, ir.Constant(_I64, 32))
+            ws, wm = _q4k_scales(builder, bp)
+            _st(builder, ws, sp, fo)
+            _st(builder, builder.fneg(wm), cp, fo)
+            for j in range(4):
+                _st(builder, _q4k_nibbles(builder, bp, j), ub, 64 * j)
+            return []
+
+        _loop(builder, _i64(context, builder, ns, st[2]), body, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q4k_decode_row(w, woff, nsb, u, s, c):
+    """One Q4_K row (nsb superblocks at byte woff of w) -> unsigned weights u uint8 [256·nsb],
+    per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb]:
+    w_e = s[e//32] · u_e + c[e//32]."""
+    _q4k_decode_row(w, woff, nsb, u, s, c)
+
+
+# ------------------------------------------------------------------------------- Q6_K
+
+
+def _q6k_quants(builder, bp, h):
+    """Two 64-vectors of unsigned 6-bit weights for elements 128h .. 128h+127 of one Q6_K block:
+    low 4 bits from ql[64h : 64h+64] (low nibbles first, then high), the top 2 bits from
+    qh[32h : 32h+32] (bit pairs 0-1, 2-3 for the first 64 elements, 4-5, 6-7 for the next)."""
+    ql = _ld(builder, bp, 64 * h, _V64I8)
+    qh = _bcast32(builder, bp, 128 + 32 * h)
+    m30, m0f = _const(_V64I8, 0x30), _const(_V64I8, 0x0F)
+    hi_a = builder.and_(_shl8(builder, qh, [4] * 16 + [2] * 16), m30)
+    hi_b = builder.and_(_lshr8(builder, qh, [0] * 16 + [2] * 16), m30)
+    wa = builder.or_(builder.and_(ql, m0f), hi_a)
+    wb = builder.or_(builder.and_(_lshr8(builder, ql, [4] * 32), m0f), hi_b)
+    return wa, wb
+
+
+def _q6k_scales(builder, bp):
+    """d · scales[0:16] (int8) as a float32 vector of 16."""
+    d = _f16(builder, _ld(builder, bp, 208, _I16))
+    sc = builder.sitofp(builder.sext(_ld(builder, bp, 192, _V16I8), _V16I32), _V16F)
+    return builder.fmul(sc, _splat(builder, d, _V16F))
+
+
+@intrinsic
+def _q6k_row_dot(typingctx, w, woff, x, xoff, xd16, xs16, doff, nsb):
+    if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd16, types.float32)
+            and _is_arr(xs16, types.float32) and _ints(woff, xoff, doff, nsb)):
+        return None
+    sig = types.float32(w, woff, x, xoff, xd16, xs16, doff, nsb)
+
+    def codegen(context, builder, signature, args):
+        wa, wo, xa, xo, xda, xsa, do, ns = args
+        st = signature.args
+        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
+        xp = _base(context, builder, st[2], xa, _i64(context, builder, xo, st[3]))
+        dof = _i64(context, builder, do, st[6])
+        xdp = _base(context, builder, st[4], xda, dof)
+        xsp = _base(context, builder, st[5], xsa, dof)
+        zero16 = ir.Constant(_V16F, None)
+
+        def body(i, acc):
+            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
+            xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
+            fo = builder.mul(i, ir.Constant(_I64, 64))  # 16 floats
+            sc = _q6k_scales(builder, bp)  # [16] per-16 weight scales
+            accm = _fmuladd(builder, sc, _ld(builder, xsp, fo, _V16F), acc[4])
+            sx = builder.fmul(sc, _ld(builder, xdp, fo, _V16F))
+            out = []
+            for h in range(2):
+                for half, wv in enumerate(_q6k_quants(builder, bp, h)):
+                    c = 2 * h + half  # 64-element chunk: sub-blocks 4c .. 4c+3, 4 lanes each
+                    s = _dpbusd(builder, ir.Constant(_V16I32, None), wv, _ld(builder, xb, 64 * c, _V64I8))
+                    lane = _shuf(builder, sx, [4 * c + t // 4 for t in range(16)])
+                    out.append(_fmuladd(builder, builder.sitofp(s, _V16F), lane, acc[c]))
+            return out + [accm]
+
+        acc = _loop(builder, _i64(context, builder, ns, st[7]), body, [zero16] * 5)
+        tot = builder.fadd(builder.fadd(acc[0], acc[1]), builder.fadd(acc[2], acc[3]))
+        return builder.fsub(_hsum(builder, tot), builder.fmul(ir.Constant(_F32, 32.0), _hsum(builder, acc[4])))
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q6k_row_dot(w, woff, x, xoff, xd16, xs16, doff, nsb):
+    """float32 dot of one Q6_K row (nsb superblocks at byte woff of w) with one token's int8
+    activations (at element xoff of x); xd16 / xs16 float32 hold, per 16 activations from element
+    doff on, the block's activation scale and scale × sum of those 16 (for the -32 offset)."""
+    return _q6k_row_dot(w, woff, x, xoff, xd16, xs16, doff, nsb)
+
+
+@intrinsic
+def _q6k_decode_row(typingctx, w, woff, nsb, u, s, c):
+    if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
+            and _is_arr(c, types.float32) and _ints(woff, nsb)):
+        return None
+    sig = types.void(w, woff, nsb, u, s, c)
+
+    def codegen(context, builder, signature, args):
+        wa, wo, ns, ua, sa, ca = args
+        st = signature.args
+        zero = ir.Constant(_I64, 0)
+        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
+        up, sp, cp = (_base(context, builder, st[k], a, zero) for k, a in ((3, ua), (4, sa), (5, ca)))
+
+        def body(i, _):
+            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
+            ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
+            fo = builder.mul(i, ir.Constant(_I64, 64))
+            sc = _q6k_scales(builder, bp)
+            _st(builder, sc, sp, fo)
+            _st(builder, builder.fmul(sc, _splat(builder, ir.Constant(_F32, -32.0), _V16F)), cp, fo)
+            for h in range(2):
+                wa_, wb_ = _q6k_quants(builder, bp, h)
+                _st(builder, wa_, ub, 128 * h)
+                _st(builder, wb_, ub, 128 * h + 64)
+            return []
+
+        _loop(builder, _i64(context, builder, ns, st[2]), body, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q6k_decode_row(w, woff, nsb, u, s, c):
+    """One Q6_K row -> unsigned weights u uint8 [256·nsb] (q + 32), per-16 scales s float32
+    [16·nsb] and biases c = -32·s: w_e = s[e//16] · u_e + c[e//16]."""
+    _q6k_decode_row(w, woff, nsb, u, s, c)
+
+
+# ------------------------------------------------------------------------------- gemm tile
+
+
+TILE_ROWS = 4  # weight rows per tile_dot call: each activation vector load serves all of them
+
+
+def _make_tile_dot(scale16: bool, bias16: bool):
+    """Intrinsic for TILE_ROWS decoded rows × one 16-token tile; scale16 / bias16: per-16 (else
+    per-32) weight scales / biases."""
+
+    @intrinsic
+    def _tile_dot(typingctx, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
+                  xbt, xboff, nblk, out, ooff):
+        if not (_is_arr(u, types.uint8) and _is_arr(s, types.float32) and _is_arr(c, types.float32)
+                and _is_arr(xi, types.int8) and _is_arr(xdt, types.float32) and _is_arr(xbt, types.float32)
+                and _is_arr(out, types.float32)
+                and _ints(uoff, ustride, soff, sstride, coff, cstride, xioff, xdoff, xboff, nblk, ooff)):
+            return None
+        sig = types.void(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
+                         xbt, xboff, nblk, out, ooff)
+
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
+            ptr = lambda k: _base(context, builder, st[k], args[k], i64(k + 1))  # noqa: E731
+            up, sp, cp, xp, xdp, xbp, op = (ptr(k) for k in (0, 3, 6, 9, 11, 13, 16))
+            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            # per-row base pointers (strides in elements: bytes for u, 4-byte floats for s and c)
+            ur = [builder.gep(up, [builder.mul(i64(2), c64(r))]) for r in range(TILE_ROWS)]
+            sr = [builder.gep(sp, [builder.mul(i64(5), c64(4 * r))]) for r in range(TILE_ROWS)]
+            cr = [builder.gep(cp, [builder.mul(i64(8), c64(4 * r))]) for r in range(TILE_ROWS)]
+            nsc, nbias = (2 if scale16 else 1), (2 if bias16 else 1)
+            zero_i, zero_f = ir.Constant(_V16I32, None), ir.Constant(_V16F, None)
+            fsplat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), _V16F)  # noqa: E731
+
+            def body(b, acc):
+                xb = builder.gep(xp, [builder.mul(b, c64(512))])
+                ub = builder.mul(b, c64(32))
+                lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
+                for g in range(8):  # int32 chains per row: elements 0-15 (lo) and 16-31 (hi)
+                    xv = _ld(builder, xb, 64 * g, _V64I8)
+                    for r in range(TILE_ROWS):
+                        wword = _ld(builder, ur[r], builder.add(ub, c64(4 * g)), _I32)
+                        wv = builder.bitcast(_splat(builder, wword, _V16I32), _V64I8)
+                        if g < 4:
+                            lo[r] = _dpbusd(builder, lo[r], wv, xv)
+                        else:
+                            hi[r] = _dpbusd(builder, hi[r], wv, xv)
+                xd = _ld(builder, xdp, builder.mul(b, c64(64)), _V16F)
+                xbv = [_ld(builder, xbp, builder.add(builder.mul(b, c64(64 * nbias)), c64(64 * q)), _V16F)
+                       for q in range(nbias)]
+                sb = builder.mul(b, c64(4 * nsc))
+                cb = builder.mul(b, c64(4 * nbias))
+                new = []
+                for r in range(TILE_ROWS):
+                    a = acc[2 * r]
+                    if scale16:
+                        a = _fmuladd(builder, builder.sitofp(lo[r], _V16F), builder.fmul(xd, fsplat(sr[r], sb)), a)
+                        a = _fmuladd(builder, builder.sitofp(hi[r], _V16F),
+                                     builder.fmul(xd, fsplat(sr[r], builder.add(sb, c64(4)))), a)
+                    else:
+                        tot = builder.sitofp(builder.add(lo[r], hi[r]), _V16F)
+                        a = _fmuladd(builder, tot, builder.fmul(xd, fsplat(sr[r], sb)), a)
+                    bias = acc[2 * r + 1]
+                    for q in range(nbias):
+                        bias = _fmuladd(builder, fsplat(cr[r], builder.add(cb, c64(4 * q))), xbv[q], bias)
+                    new += [a, bias]
+                return new
+
+            acc = _loop(builder, i64(15), body, [zero_f] * (2 * TILE_ROWS))
+            for r in range(TILE_ROWS):
+                _st(builder, builder.fadd(acc[2 * r], acc[2 * r + 1]), op, 64 * r)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return _tile_dot
+
+
+_tile_dot_s32_b32 = _make_tile_dot(False, False)
+_tile_dot_s32_b16 = _make_tile_dot(False, True)
+_tile_dot_s16_b16 = _make_tile_dot(True, True)
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                     nblk, out, ooff):
+    """TILE_ROWS decoded rows × one 16-token tile over nblk 32-blocks b; for row r and token t
+        out[ooff + 16r + t] = Σ_b s_r[b] · xdt[b, t] · Σ_j u_r[32b+j] · x_t[32b+j] + c_r[b] · xbt[b, t]
+    (per-32 weight scale s and bias c). Row r's u uint8 [nblk·32] starts at element uoff + r·ustride
+    (s, c float32 [nblk] likewise); xi int8 is the 4-interleaved tile [nblk][8 groups][16 tokens][4]
+    from xioff; xdt float32 [nblk][16] activation scales from xdoff; xbt float32 [nblk][16]
+    scale × block sums from xboff. Nothing is bounds-checked."""
+    _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                      nblk, out, ooff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                     nblk, out, ooff):
+    """As tile_dot_s32_b32 with per-16 biases: c_r float32 [nblk][2] and xbt float32 [nblk][2][16]
+    (scale × sums of elements 0-15 and 16-31 of each block)."""
+    _tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                      nblk, out, ooff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                     nblk, out, ooff):
+    """As tile_dot_s32_b16 with per-16 weight scales too: s_r float32 [nblk][2]."""
+    _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                      nblk, out, ooff)
