@@ -126,3 +126,32 @@ def attention(q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: in
                 w = np.exp(sc - sc.max())
                 out[t, hh] = (w / w.sum()) @ V[:, hh // group]
     return out
+
+
+def _q8_32_round_trip(x: np.ndarray) -> np.ndarray:
+    """x [n, k] through int8 blocks of 32 with a float32 scale amax/127 (the CPU backend's q8_32)."""
+    n, k = x.shape
+    b = x.reshape(n, k // 32, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.divide(1, d, out=np.zeros_like(d), where=d > 0)
+    return (np.round(b * inv) * d).reshape(n, k).astype(np.float32)
+
+
+class Q8ActivationOps:
+    """numpy ops whose matmul first rounds x through q8_32 blocks when the weight type's activation
+    format is "q8_32" (quant/types.py): the CPU backend's numerics in plain numpy, so its output can
+    be checked tightly rather than within quantization noise."""
+
+    def __getattr__(self, name):
+        return globals()[name]
+
+    @staticmethod
+    def matmul(w: QTensor, x: np.ndarray, **_) -> np.ndarray:
+        from edged.quant.types import traits
+
+        if traits(w.qtype).act_format == "q8_32":
+            x = _q8_32_round_trip(np.ascontiguousarray(x, dtype=np.float32))
+        return matmul(w, x)
+
+
+q8_activation_ops = Q8ActivationOps()

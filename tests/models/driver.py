@@ -95,3 +95,37 @@ def greedy(model, prompt_ids, n_new: int, block_size: int = 16, num_blocks: int 
             logits = model.forward(make_batch([seq], [[ids[-1]]], alloc, block_size), kv)
     t2 = time.perf_counter()
     return GreedyResult(ids=ids, steps=steps, prefill_s=t1 - t0, decode_s=t2 - t1)
+
+
+def main(argv=None) -> None:
+    """Greedy run of the default model over llama.cpp's reference prompts; prints matches and tok/s.
+
+    python -m tests.models.driver [N_PROMPTS] [N_TOKENS] [BLOCK_SIZE]
+    """
+    import sys
+
+    from edged.models import load_model
+    from edged.quant import load_gguf
+    from tests.helpers.model import default_model_path, llamacpp_reference
+    from tests.models.test_gemma3_reference import compare
+
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    n_prompts, n_tokens, bs = (args + [12, 32, 16][len(args):])[:3]
+    model = load_model(load_gguf(default_model_path()))
+    greedy(model, [2, 818], 2, block_size=bs)  # compile / warm up
+    matched, worst, dec_s, dec_n = 0, 0.0, 0.0, 0
+    for i, case in enumerate(llamacpp_reference()["greedy"][:n_prompts]):
+        r = greedy(model, case["prompt_ids"], n_tokens, block_size=bs)
+        c = compare(r.ids, r.steps, case)
+        matched += c.first_diff is None
+        worst = max(worst, c.max_logprob_diff)
+        dec_s, dec_n = dec_s + r.decode_s, dec_n + n_tokens - 1
+        print(f"prompt {i:2d}: {'match' if c.first_diff is None else f'departs at {c.first_diff}'}"
+              f" (cross top-5 {c.cross_top5}), max top-1 logprob diff {c.max_logprob_diff:.4f}, "
+              f"prefill {len(case['prompt_ids'])} tokens {r.prefill_s * 1e3:.1f} ms", flush=True)
+    print(f"{matched}/{n_prompts} match; max top-1 logprob diff {worst:.4f}; "
+          f"decode {dec_n / dec_s:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()

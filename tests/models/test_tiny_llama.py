@@ -1,11 +1,13 @@
 """Tiny Llama variants (plain, linear RoPE scaling with tied output, Llama 3 rope_freqs, mistral
 alias) against the float64 reference forward."""
 
+import numpy as np
 import pytest
 
 from tests.helpers.tiny_models import write_tiny_model
+from tests.models.driver import Seq, ShuffledBlocks, make_batch
 from tests.models.tiny_checks import (BACKENDS, TinyCase, check_decode, check_mixed_batch,
-                                      check_prefill)
+                                      check_prefill, rel_err)
 
 VARIANTS = {
     "plain": dict(),
@@ -50,3 +52,14 @@ def test_decode(case, backend, block_size):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mixed_batch(case, other, backend):
     check_mixed_batch(case, other, backend, block_size=4)
+
+
+def test_chunk_without_logit_rows(case):
+    """A prefill chunk that needs no logits still stores its KV; the next chunk sees it."""
+    model = case.model("numpy")
+    kv, alloc, seq = model.allocate_kv(6, 4), ShuffledBlocks(6), Seq()
+    first = make_batch([seq], [case.tokens[:6]], alloc, 4)
+    first.logits_indices = np.zeros(0, np.int32)
+    assert model.forward(first, kv).shape == (0, model.vocab_size)
+    rest = model.forward(make_batch([seq], [case.tokens[6:]], alloc, 4), kv)
+    assert rel_err(rest[0], case.ref_logits[-1]) <= 1e-4
