@@ -15,7 +15,9 @@ from edged.quant.tensor import QTensor
 def test_bandwidth_and_one_row():
     bw = bench_kernels.measure_bandwidth(8 << 20, repeat=1)
     assert bw > 0
-    row = bench_kernels.bench_tensor(random_qtensor(T.Q5_0, 33, 64), "synthetic", bw, repeat=1)
+    w = random_qtensor(T.Q5_0, 33, 64)
+    row = bench_kernels.bench_tensor(w, "synthetic", bw, repeat=1)
+    bench_kernels.bench_blas(w, row, repeat=1)
     assert row.ms_n1 > 0 and row.ms_n16 > 0 and row.blas_ms_n16 > 0 and row.cols_ratio > 0
     result = {"bandwidth_gbs": bw, "threads": 2, "repeat": 1, "rows": [bench_kernels.asdict(row)]}
     table = bench_kernels.format_table(result)
