@@ -49,6 +49,8 @@ class ServerState:
         c = self.config
         try:
             lm = load(c.model, chat_template=c.chat_template, warmup=c.warmup)
+            # compile the tokenizer's JIT paths now, not in the first client's request
+            lm.tokenizer.encode(lm.chat.render([{"role": "user", "content": "warm up ✓"}]))
             self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path),
                         engine_cls=Engine, engine_config_cls=EngineConfig,
                         plan=plan_num_blocks)
