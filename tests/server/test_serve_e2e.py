@@ -13,8 +13,9 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
+
+openai = pytest.importorskip("openai")  # the dev extra
 
 from tests.helpers.model import default_model_path
 from tests.server.malformed import MALFORMED
