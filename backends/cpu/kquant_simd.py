@@ -26,8 +26,9 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-# Read at codegen time; tests set it to False (and compile uncached) to run the portable path.
+# Read at codegen time; tests set them to False (and compile uncached) to run the portable paths.
 USE_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
+USE_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
 
 TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 / float32 lanes
 
@@ -102,9 +103,12 @@ def _hsum(builder, v):
 
 
 def _f16(builder, h):
-    """Exact float32 of the IEEE half bit pattern h (i16), integer ops only (no F16C needed):
-    the bits shifted into float32 position and scaled by 2^112 (exact for normals and
-    subnormals); exponent 31 (inf / NaN) is patched separately, as quant/f16.py does."""
+    """Exact float32 of the IEEE half bit pattern h (i16). With F16C an fpext (vcvtph2ps);
+    otherwise integer ops (an fpext there may become a libcall Numba does not link): the bits
+    shifted into float32 position and scaled by 2^112 (exact for normals and subnormals), with
+    exponent 31 (inf / NaN) patched separately, as quant/f16.py does."""
+    if USE_F16C:
+        return builder.fpext(builder.bitcast(h, ir.HalfType()), _F32)
     h = builder.zext(h, _I32)
     sign = builder.shl(builder.and_(h, ir.Constant(_I32, 0x8000)), ir.Constant(_I32, 16))
     em = builder.shl(builder.and_(h, ir.Constant(_I32, 0x7FFF)), ir.Constant(_I32, 13))
@@ -255,18 +259,17 @@ def q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb):
 
 
 @intrinsic
-def _q4k_decode_row(typingctx, w, woff, nsb, u, s, c):
+def _q4k_decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
     if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
-            and _is_arr(c, types.float32) and _ints(woff, nsb)):
+            and _is_arr(c, types.float32) and _ints(woff, nsb, uoff, soff, coff)):
         return None
-    sig = types.void(w, woff, nsb, u, s, c)
+    sig = types.void(w, woff, nsb, u, uoff, s, soff, c, coff)
 
     def codegen(context, builder, signature, args):
-        wa, wo, ns, ua, sa, ca = args
         st = signature.args
-        zero = ir.Constant(_I64, 0)
-        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
-        up, sp, cp = (_base(context, builder, st[k], a, zero) for k, a in ((3, ua), (4, sa), (5, ca)))
+        ptr = lambda k: _base(context, builder, st[k], args[k], _i64(context, builder, args[k + 1], st[k + 1]))  # noqa: E731
+        wp, up, sp, cp = ptr(0), ptr(3), ptr(5), ptr(7)
+        ns = args[2]
 
         def body(i, _):
             bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q4K_BYTES))])
@@ -286,11 +289,11 @@ def _q4k_decode_row(typingctx, w, woff, nsb, u, s, c):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def q4k_decode_row(w, woff, nsb, u, s, c):
+def q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     """One Q4_K row (nsb superblocks at byte woff of w) -> unsigned weights u uint8 [256·nsb],
-    per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb]:
-    w_e = s[e//32] · u_e + c[e//32]."""
-    _q4k_decode_row(w, woff, nsb, u, s, c)
+    per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb], each written from
+    its element offset (uoff, soff, coff): w_e = s[e//32] · u_e + c[e//32]."""
+    _q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
 
 # ------------------------------------------------------------------------------- Q6_K
@@ -366,18 +369,17 @@ def q6k_row_dot(w, woff, x, xoff, xd16, xs16, doff, nsb):
 
 
 @intrinsic
-def _q6k_decode_row(typingctx, w, woff, nsb, u, s, c):
+def _q6k_decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
     if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
-            and _is_arr(c, types.float32) and _ints(woff, nsb)):
+            and _is_arr(c, types.float32) and _ints(woff, nsb, uoff, soff, coff)):
         return None
-    sig = types.void(w, woff, nsb, u, s, c)
+    sig = types.void(w, woff, nsb, u, uoff, s, soff, c, coff)
 
     def codegen(context, builder, signature, args):
-        wa, wo, ns, ua, sa, ca = args
         st = signature.args
-        zero = ir.Constant(_I64, 0)
-        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
-        up, sp, cp = (_base(context, builder, st[k], a, zero) for k, a in ((3, ua), (4, sa), (5, ca)))
+        ptr = lambda k: _base(context, builder, st[k], args[k], _i64(context, builder, args[k + 1], st[k + 1]))  # noqa: E731
+        wp, up, sp, cp = ptr(0), ptr(3), ptr(5), ptr(7)
+        ns = args[2]
 
         def body(i, _):
             bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
@@ -399,10 +401,11 @@ def _q6k_decode_row(typingctx, w, woff, nsb, u, s, c):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def q6k_decode_row(w, woff, nsb, u, s, c):
+def q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     """One Q6_K row -> unsigned weights u uint8 [256·nsb] (q + 32), per-16 scales s float32
-    [16·nsb] and biases c = -32·s: w_e = s[e//16] · u_e + c[e//16]."""
-    _q6k_decode_row(w, woff, nsb, u, s, c)
+    [16·nsb] and biases c = -32·s, from element offsets uoff, soff, coff:
+    w_e = s[e//16] · u_e + c[e//16]."""
+    _q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
 
 # ------------------------------------------------------------------------------- gemm tile

@@ -209,9 +209,9 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
             nr = min(m - r0, GEMM_ROWS)
             for i in range(nr):
                 if kind == _KIND_Q4K:
-                    q4k_decode_row(w, (r0 + i) * rb, nsb, u[i * k:], s[i * ns:], c[i * nc:])
+                    q4k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 elif kind == _KIND_Q6K:
-                    q6k_decode_row(w, (r0 + i) * rb, nsb, u[i * k:], s[i * ns:], c[i * nc:])
+                    q6k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 else:
                     _decode_row_other(qt, w[r0 + i], u[i * k:(i + 1) * k], s[i * ns:], c[i * nc:], q, ws, wm, levels)
             for tile in range(ntile):
