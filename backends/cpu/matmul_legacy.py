@@ -9,8 +9,9 @@ Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c
 int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
 gemv (n small): one row · one token per simd.row_dot call, which decodes the raw blocks in
-registers and keeps 8 float lanes per row (one horizontal sum per row, not per block); IQ4_NL
-(a codebook lookup) decodes each row once and uses plain Numba block dots.
+registers; IQ4_NL (a codebook lookup) decodes each row once and uses plain Numba block dots. Both
+compute gemm's per-block term in gemm's order, so a token's output is bit-identical whichever
+kernel its batch size selects (batch invariance).
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
 per-block scales and sums), then simd.row_tile_dot_raw multiplies each raw weight row by every
@@ -115,7 +116,9 @@ def gemv_iq4_nl(w, xq, xd, xs, y):
                     s = np.int32(0)
                     for j in range(QK):
                         s = np.int32(s + np.int32(u[xo + j]) * np.int32(xq[t, xo + j]))
-                    acc += d[b] * xd[t, b] * (np.float32(s) - np.float32(128.0) * np.float32(xs[t, b]))
+                    # gemm's term and order exactly (c = -128·d): results never depend on n
+                    c = np.float32(-128.0) * d[b]
+                    acc = acc + xd[t, b] * (d[b] * np.float32(s) + c * np.float32(xs[t, b]))
                 y[t, r] = acc
 
 

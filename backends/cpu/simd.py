@@ -226,37 +226,36 @@ def _row_dot(typingctx, row, kind, xq, xd, xs):
         at = signature.args
         f32 = ir.FloatType()
         half = ir.HalfType()
-        v8f = ir.VectorType(f32, 8)
         nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 0)
         rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(ir.IntType(64), 0))
         xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(ir.IntType(64), 0))
         xdp = _f32_ptr(context, builder, at[3], xda)
         xsp = builder.bitcast(context.make_array(at[4])(context, builder, xsa).data, _I32.as_pointer())
-        accp = cgutils.alloca_once_value(builder, ir.Constant(v8f, None))
-        biasp = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        accp = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
         size, _, _, moff, _, cfix = layout
+        v8i32 = ir.VectorType(_I32, 8)
+        reduce_add = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_I32, [v8i32]), "llvm.vector.reduce.add.v8i32")
 
         def f16(blk, off):
             p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
             return builder.fpext(builder.load(p, align=1), f32)
 
+        # Same per-block term and the same sequential float order as _row_tile_dot_raw (gemm):
+        # a token's result does not depend on which kernel the batch size picked.
         with cgutils.for_range(builder, nblk) as loop:
             b = loop.index
             blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
             u = _block_u8(builder, blk, layout)
             xv = builder.load(builder.bitcast(builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 32))]), ir.VectorType(_I8, 32).as_pointer()), align=1)
-            sf = builder.sitofp(_dot32(builder, u, xv), v8f)
+            sf = builder.sitofp(builder.call(reduce_add, [_dot32(builder, u, xv)]), f32)  # exact int sum
             d = f16(blk, 0)
             xdb = builder.load(builder.gep(xdp, [b]))
-            builder.store(builder.fadd(builder.load(accp), builder.fmul(sf, _splat(builder, builder.fmul(d, xdb), v8f))), accp)
             c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
             xsb = builder.sitofp(builder.load(builder.gep(xsp, [b])), f32)
-            builder.store(builder.fadd(builder.load(biasp), builder.fmul(builder.fmul(c, xdb), xsb)), biasp)
-        acc = builder.load(accp)
-        tot = builder.load(biasp)
-        for i in range(8):
-            tot = builder.fadd(tot, builder.extract_element(acc, ir.Constant(_I32, i)))
-        return tot
+            term = builder.fmul(xdb, builder.fadd(builder.fmul(d, sf), builder.fmul(c, xsb)))
+            builder.store(builder.fadd(builder.load(accp), term), accp)
+        return builder.load(accp)
 
     return sig, codegen
 
@@ -265,8 +264,9 @@ def _row_dot(typingctx, row, kind, xq, xd, xs):
 def row_dot(row, kind, xq, xd, xs):
     """float32 Σ_j w_j·x_j for one raw row of 32-element blocks and one token's quantized x:
     Σ_b xd[b] · (d_b · Σ_j u_bj·xq[32b+j] + c_b · xs[b]). `kind` must be a compile-time constant,
-    a key of LAYOUTS (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1); the blocks decode in registers and
-    8 float lanes accumulate the row (one horizontal sum per row). Sizes are not checked."""
+    a key of LAYOUTS (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1); the blocks decode in registers.
+    Bit-identical to row_tile_dot_raw's lane for the same token (batch invariance). Sizes are not
+    checked."""
     return _row_dot(row, kind, xq, xd, xs)
 
 
