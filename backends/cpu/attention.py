@@ -3,7 +3,8 @@
 Work is split into items (token, kv head, key chunk): each item reads its K/V rows once for all
 query heads sharing that kv head (GQA), computes exact scores for its chunk, and keeps (max, sum,
 weighted V) so chunks of one token combine exactly (flash-decoding). A single decode gets several
-chunks so both cores stream the context; a prefill gets one chunk per token and writes directly.
+chunks so both cores stream the context. Chunks are a fixed number of keys, so results never
+depend on the batch a token shares (batch invariance).
 """
 
 import math
@@ -15,7 +16,9 @@ from edged.backends.base import Batch, LayerKV
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
 
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: the -inf sentinel must stay exact
-_MIN_CHUNK = 128  # keys per chunk below which splitting a token costs more than it saves
+# Keys per chunk, fixed so a token's chunk boundaries (and so its rounding) depend on the token
+# alone, never on the batch around it: the same request gives the same output in any batch.
+_CHUNK = 256
 
 
 def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
@@ -359,7 +362,8 @@ def _combine_chunks(part_m, part_l, part_acc, out):
         tot = np.float32(0.0)
         for c in range(n_chunks):
             if part_l[t, h, c] > 0:
-                w = _exp_nonpos(part_m[t, h, c] - mx)
+                # exactly 1 for the max chunk: a one-chunk token equals the unsplit path bit for bit
+                w = np.float32(1.0) if part_m[t, h, c] == mx else _exp_nonpos(part_m[t, h, c] - mx)
                 tot += w * part_l[t, h, c]
                 for d in range(hd):
                     out[t, h, d] += w * part_acc[t, h, c, d]
@@ -369,11 +373,11 @@ def _combine_chunks(part_m, part_l, part_acc, out):
 
 
 @nb.njit(nogil=True, cache=True)
-def _plan(positions, seq_starts, n_table_rows, window, want, min_chunk):
-    """Check the batch layout and pick (chunk, n_chunks); chunk < 0 flags a bad layout.
+def _plan(positions, seq_starts, n_table_rows, window, chunk):
+    """Check the batch layout and return (chunk, n_chunks); chunk < 0 flags a bad layout.
 
-    Each token's keys are split into chunks only when tokens x kv heads (`want` is the number of
-    items that keeps every thread busy, divided by kv heads) cannot fill the cores.
+    Every token's keys are cut at the same fixed offsets lo + c*chunk, whatever else is in the
+    batch; n_chunks covers the longest token (shorter ones get empty items).
     """
     n = positions.shape[0]
     n_seqs = seq_starts.shape[0] - 1
@@ -389,11 +393,7 @@ def _plan(positions, seq_starts, n_table_rows, window, want, min_chunk):
         max_keys = max(max_keys, positions[t] + 1)
     if window > 0:
         max_keys = min(max_keys, window)
-    if n >= want or max_keys <= min_chunk:
-        return max_keys, 1
-    n_chunks = min(-(-want // n), -(-max_keys // min_chunk))
-    chunk = -(-max_keys // n_chunks)
-    return chunk, -(-max_keys // chunk)
+    return chunk, max(1, -(-max_keys // chunk))
 
 
 def attention(
@@ -423,8 +423,7 @@ def attention(
     block_tables = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
     if block_tables.ndim != 2:
         raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {block_tables.shape}")
-    want = -(-4 * nb.get_num_threads() // kvh)  # a few items per thread evens out unequal chunks
-    chunk, n_chunks = _plan(positions, seq_starts, block_tables.shape[0], int(window), want, _MIN_CHUNK)
+    chunk, n_chunks = _plan(positions, seq_starts, block_tables.shape[0], int(window), _CHUNK)
     if chunk == -1:
         raise ValueError(f"attention: seq_starts {seq_starts} do not partition {n} tokens "
                          f"over the {block_tables.shape[0]} block-table rows")

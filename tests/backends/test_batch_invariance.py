@@ -21,3 +21,32 @@ def test_rows_identical_alone_and_in_a_batch(qtype):
     for t in (0, 7, x.shape[0] - 1):
         alone = matmul(w, x[t : t + 1])  # gemv path
         np.testing.assert_array_equal(alone[0], batched[t])
+
+
+def test_attention_token_identical_alone_and_in_a_batch():
+    from edged.backends.base import Batch
+    from edged.backends.cpu import allocate_kv, attention
+
+    rng = np.random.default_rng(0)
+    bs, hd, kvh, h = 16, 64, 1, 4
+    kv = allocate_kv(128, bs, kvh, hd)
+    kv.k[:] = rng.standard_normal(kv.k.shape).astype(np.float32)
+    kv.v[:] = rng.standard_normal(kv.v.shape).astype(np.float32)
+    tables = rng.permutation(128).astype(np.int32).reshape(2, 64)  # two sequences' blocks
+
+    def run(positions_per_seq, seqs):
+        pos = np.concatenate(positions_per_seq).astype(np.int32)
+        starts = np.cumsum([0] + [len(p) for p in positions_per_seq]).astype(np.int32)
+        b = Batch(token_ids=np.zeros(len(pos), np.int32), positions=pos, seq_starts=starts,
+                  seq_lens=np.array([p[-1] + 1 for p in positions_per_seq], np.int32),
+                  block_tables=tables[seqs], slot_mapping=np.zeros(len(pos), np.int32),
+                  logits_indices=np.zeros(0, np.int32), block_size=bs)
+        q = np.random.default_rng(len(pos)).standard_normal((len(pos), h, hd)).astype(np.float32)
+        q[0] = qa  # the token under test is always first
+        return attention(q, kv, b, 0.125)[0]
+
+    qa = rng.standard_normal((h, hd)).astype(np.float32)
+    for p in (40, 300, 700):  # one chunk, two chunks, several
+        alone = run([np.array([p])], [0])
+        with_prefill = run([np.array([p]), np.arange(0, 900)], [0, 1])
+        np.testing.assert_array_equal(alone, with_prefill)
