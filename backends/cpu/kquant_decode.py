@@ -1,11 +1,11 @@
 """Scalar superblock decoders for the K-quant types without hand-written vector code: Q2_K, Q3_K,
-Q5_K, IQ4_XS (Q4_K and Q6_K are in kquant_simd.py).
+IQ4_XS (Q4_K, Q5_K and Q6_K are in kquant_simd.py).
 
 Each turns one 256-element superblock into *unsigned* bytes q[256] plus float scales, so the
 integer dot is always u8 × i8 → int32:
     w_e = ws[b] · q_e - wm[h]   for 32-block b = e // 32 and 16-half h = e // 16   (one-dot types)
 Q2_K and Q3_K fold their 16-element sub-block scales into the weight bytes (|scale| × q fits a
-byte); offsets and mins (Q2/Q5_K mins, Q3_K's -4, IQ4_XS's +128 shift) are wm.
+byte); offsets and mins (Q2_K mins, Q3_K's -4, IQ4_XS's +128 shift) are wm.
 """
 
 import numba as nb
@@ -92,45 +92,6 @@ def _decode_q3_k(row, o, q, ws, wm):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _q4_k_scale_min(row, so, j):
-    """(scale, min) 6-bit pair j of the 12-byte Q4_K/Q5_K scale field at int offset so."""
-    if j < 4:
-        return row[so + j] & np.uint8(63), row[so + j + 4] & np.uint8(63)
-    s = (row[so + j + 4] & np.uint8(0xF)) | ((row[so + j - 4] >> np.uint8(6)) << np.uint8(4))
-    m = (row[so + j + 4] >> np.uint8(4)) | ((row[so + j] >> np.uint8(6)) << np.uint8(4))
-    return s, m
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _k_scales(row, io, ws, wm):
-    """Q4_K/Q5_K per-32 scales and mins: ws = d * scale, wm (both halves) = dmin * min."""
-    d = f16_at(row, io)
-    dmin = f16_at(row, io + 2)
-    for b in range(NBLK):
-        s, m = _q4_k_scale_min(row, io + 4, b)
-        ws[b] = d * np.float32(s)
-        wm[2 * b] = dmin * np.float32(m)
-        wm[2 * b + 1] = wm[2 * b]
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_q5_k(row, o, q, ws, wm):
-    # d | dmin | scales[12] | qh[32] | qs[128]; fifth bit of 32-block b is bit b of qh[l]
-    qh = o + _U(16)
-    for j in range(4):
-        src = o + _U(48 + 32 * j)
-        dst = _U(64 * j)
-        b0 = np.uint8(2 * j)
-        b1 = np.uint8(2 * j + 1)
-        for l in range(32):
-            v = row[src + _U(l)]
-            h = row[qh + _U(l)]
-            q[dst + _U(l)] = (v & np.uint8(0xF)) | (((h >> b0) & np.uint8(1)) << np.uint8(4))
-            q[dst + _U(32 + l)] = (v >> np.uint8(4)) | (((h >> b1) & np.uint8(1)) << np.uint8(4))
-    _k_scales(row, np.int64(o), ws, wm)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
 def _decode_iq4_xs(row, o, q, ws, wm, levels):
     # d | scales_h u16 | scales_l[4] | qs[128]; 32-block b: low nibbles of qs[16b:16b+16], then high
     io = np.int64(o)
@@ -152,11 +113,9 @@ def _decode_iq4_xs(row, o, q, ws, wm, levels):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def decode_superblock(qt, row, o, q, ws, wm, levels):
-    """Superblock of type code qt (Q2_K, Q3_K, Q5_K or IQ4_XS) at byte o (uint64) of row ->
+    """Superblock of type code qt (Q2_K, Q3_K or IQ4_XS) at byte o (uint64) of row ->
     q uint8 [256], ws float32 [8] per-32 scales, wm float32 [16] per-16 offsets (see above)."""
-    if qt == Q5_K:
-        _decode_q5_k(row, o, q, ws, wm)
-    elif qt == Q2_K:
+    if qt == Q2_K:
         _decode_q2_k(row, o, q, ws, wm)
     elif qt == Q3_K:
         _decode_q3_k(row, o, q, ws, wm)

@@ -1,14 +1,14 @@
-"""Hand-written vector code (LLVM IR intrinsics) for the Q4_K and Q6_K matmul kernels.
+"""Hand-written vector code (LLVM IR intrinsics) for the Q4_K, Q5_K and Q6_K matmul kernels.
 
 LLVM does not find a good schedule for K-quant superblocks on its own (nibble unpacking, per-32
 scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte vectors:
 
-- gemv (one token): `q4k_row_dot` / `q6k_row_dot` return one row's dot with one token's int8
+- gemv (one token): `q4k_row_dot` / `q5k_row_dot` / `q6k_row_dot` return one row's dot with one token's int8
   activations. Weight nibbles are unpacked in registers (never stored) and multiplied as unsigned
   bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the 16 int32 lanes
   are scaled per lane (weight scale × activation scale) into float accumulators, reduced once
   per row.
-- gemm (16-token tiles): `q4k_decode_row` / `q6k_decode_row` unpack one row once into unsigned
+- gemm (16-token tiles): `q4k_decode_row` / `q5k_decode_row` / `q6k_decode_row` unpack one row once into unsigned
   bytes u [k] and float scales / biases; `tile_dot_*` multiply TILE_ROWS such rows by a 16-token
   tile of 4-interleaved activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight
   words, 16 tokens in the lanes of one vector, no horizontal sums; each activation vector load
@@ -172,10 +172,11 @@ def _i64(context, builder, val, ty):
     return context.cast(builder, val, ty, types.int64)
 
 
-# ------------------------------------------------------------------------------- Q4_K
+# ------------------------------------------------------------------------------- Q4_K / Q5_K
 
 
 Q4K_BYTES = 144  # d f16 | dmin f16 | scales[12] | qs[128]
+Q5K_BYTES = 176  # d f16 | dmin f16 | scales[12] | qh[32] | qs[128]
 Q6K_BYTES = 210  # ql[128] | qh[64] | scales[16] int8 | d f16
 
 
@@ -204,50 +205,64 @@ def _q4k_scales(builder, bp):
     return builder.fmul(sc, _splat(builder, d, _V8F)), builder.fmul(mn, _splat(builder, dmin, _V8F))
 
 
-def _q4k_nibbles(builder, bp, j):
+def _q4k_nibbles(builder, bp, j, q5):
     """64 unsigned weights (elements 64j .. 64j+63 of the superblock) from qs[32j : 32j+32]:
-    low nibbles first (32-block 2j), then high nibbles (32-block 2j+1)."""
-    v = _bcast32(builder, bp, 16 + 32 * j)
-    v = _lshr8(builder, v, [0] * 16 + [4] * 16)
-    return builder.and_(v, _const(_V64I8, 0x0F))
+    low nibbles first (32-block 2j), then high nibbles (32-block 2j+1). Q5_K (q5) adds the fifth
+    bit of 32-block b, bit b of qh[l] (qh[32] sits before qs)."""
+    v = _bcast32(builder, bp, (48 if q5 else 16) + 32 * j)
+    v = builder.and_(_lshr8(builder, v, [0] * 16 + [4] * 16), _const(_V64I8, 0x0F))
+    if q5:
+        h = _lshr8(builder, _bcast32(builder, bp, 16), [2 * j] * 16 + [2 * j + 1] * 16)
+        h = _shl8(builder, builder.and_(h, _const(_V64I8, 0x01)), [4] * 32)
+        v = builder.or_(v, h)
+    return v
 
 
-@intrinsic
-def _q4k_row_dot(typingctx, w, woff, x, xoff, xd, xm, doff, nsb):
-    if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd, types.float32)
-            and _is_arr(xm, types.float32) and _ints(woff, xoff, doff, nsb)):
-        return None
-    sig = types.float32(w, woff, x, xoff, xd, xm, doff, nsb)
+def _make_q4k_row_dot(q5: bool):
+    bbytes = Q5K_BYTES if q5 else Q4K_BYTES
 
-    def codegen(context, builder, signature, args):
-        wa, wo, xa, xo, xda, xma, do, ns = args
-        st = signature.args
-        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
-        xp = _base(context, builder, st[2], xa, _i64(context, builder, xo, st[3]))
-        dof = _i64(context, builder, do, st[6])
-        xdp = _base(context, builder, st[4], xda, dof)
-        xmp = _base(context, builder, st[5], xma, dof)
-        zero16, zero8 = ir.Constant(_V16F, None), ir.Constant(_V8F, None)
+    @intrinsic
+    def _row_dot(typingctx, w, woff, x, xoff, xd, xm, doff, nsb):
+        if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd, types.float32)
+                and _is_arr(xm, types.float32) and _ints(woff, xoff, doff, nsb)):
+            return None
+        sig = types.float32(w, woff, x, xoff, xd, xm, doff, nsb)
 
-        def body(i, acc):
-            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q4K_BYTES))])
-            xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
-            fo = builder.mul(i, ir.Constant(_I64, 32))  # 8 floats
-            ws, wm = _q4k_scales(builder, bp)
-            sx = builder.fmul(ws, _ld(builder, xdp, fo, _V8F))  # [8] weight scale × act scale
-            accm = _fmuladd(builder, wm, _ld(builder, xmp, fo, _V8F), acc[4])
-            out = []
-            for j in range(4):
-                s = _dpbusd(builder, ir.Constant(_V16I32, None), _q4k_nibbles(builder, bp, j), _ld(builder, xb, 64 * j, _V64I8))
-                lane = _shuf(builder, sx, [2 * j] * 8 + [2 * j + 1] * 8)
-                out.append(_fmuladd(builder, builder.sitofp(s, _V16F), lane, acc[j]))
-            return out + [accm]
+        def codegen(context, builder, signature, args):
+            wa, wo, xa, xo, xda, xma, do, ns = args
+            st = signature.args
+            wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
+            xp = _base(context, builder, st[2], xa, _i64(context, builder, xo, st[3]))
+            dof = _i64(context, builder, do, st[6])
+            xdp = _base(context, builder, st[4], xda, dof)
+            xmp = _base(context, builder, st[5], xma, dof)
+            zero16, zero8 = ir.Constant(_V16F, None), ir.Constant(_V8F, None)
 
-        acc = _loop(builder, _i64(context, builder, ns, st[7]), body, [zero16] * 4 + [zero8])
-        tot = builder.fadd(builder.fadd(acc[0], acc[1]), builder.fadd(acc[2], acc[3]))
-        return builder.fsub(_hsum(builder, tot), _hsum(builder, acc[4]))
+            def body(i, acc):
+                bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
+                xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
+                fo = builder.mul(i, ir.Constant(_I64, 32))  # 8 floats
+                ws, wm = _q4k_scales(builder, bp)
+                sx = builder.fmul(ws, _ld(builder, xdp, fo, _V8F))  # [8] weight scale × act scale
+                accm = _fmuladd(builder, wm, _ld(builder, xmp, fo, _V8F), acc[4])
+                out = []
+                for j in range(4):
+                    s = _dpbusd(builder, ir.Constant(_V16I32, None), _q4k_nibbles(builder, bp, j, q5), _ld(builder, xb, 64 * j, _V64I8))
+                    lane = _shuf(builder, sx, [2 * j] * 8 + [2 * j + 1] * 8)
+                    out.append(_fmuladd(builder, builder.sitofp(s, _V16F), lane, acc[j]))
+                return out + [accm]
 
-    return sig, codegen
+            acc = _loop(builder, _i64(context, builder, ns, st[7]), body, [zero16] * 4 + [zero8])
+            tot = builder.fadd(builder.fadd(acc[0], acc[1]), builder.fadd(acc[2], acc[3]))
+            return builder.fsub(_hsum(builder, tot), _hsum(builder, acc[4]))
+
+        return sig, codegen
+
+    return _row_dot
+
+
+_q4k_row_dot = _make_q4k_row_dot(False)
+_q5k_row_dot = _make_q4k_row_dot(True)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -258,34 +273,49 @@ def q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb):
     return _q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb)
 
 
-@intrinsic
-def _q4k_decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
-    if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
-            and _is_arr(c, types.float32) and _ints(woff, nsb, uoff, soff, coff)):
-        return None
-    sig = types.void(w, woff, nsb, u, uoff, s, soff, c, coff)
+@nb.njit(cache=True, nogil=True, inline="always")
+def q5k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb):
+    """As q4k_row_dot for a Q5_K row."""
+    return _q5k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb)
 
-    def codegen(context, builder, signature, args):
-        st = signature.args
-        ptr = lambda k: _base(context, builder, st[k], args[k], _i64(context, builder, args[k + 1], st[k + 1]))  # noqa: E731
-        wp, up, sp, cp = ptr(0), ptr(3), ptr(5), ptr(7)
-        ns = args[2]
 
-        def body(i, _):
-            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q4K_BYTES))])
-            ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
-            fo = builder.mul(i, ir.Constant(_I64, 32))
-            ws, wm = _q4k_scales(builder, bp)
-            _st(builder, ws, sp, fo)
-            _st(builder, builder.fneg(wm), cp, fo)
-            for j in range(4):
-                _st(builder, _q4k_nibbles(builder, bp, j), ub, 64 * j)
-            return []
+def _make_q4k_decode_row(q5: bool):
+    bbytes = Q5K_BYTES if q5 else Q4K_BYTES
 
-        _loop(builder, _i64(context, builder, ns, st[2]), body, [])
-        return context.get_dummy_value()
+    @intrinsic
+    def _decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
+        if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
+                and _is_arr(c, types.float32) and _ints(woff, nsb, uoff, soff, coff)):
+            return None
+        sig = types.void(w, woff, nsb, u, uoff, s, soff, c, coff)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            ptr = lambda k: _base(context, builder, st[k], args[k], _i64(context, builder, args[k + 1], st[k + 1]))  # noqa: E731
+            wp, up, sp, cp = ptr(0), ptr(3), ptr(5), ptr(7)
+            ns = args[2]
+
+            def body(i, _):
+                bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
+                ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
+                fo = builder.mul(i, ir.Constant(_I64, 32))
+                ws, wm = _q4k_scales(builder, bp)
+                _st(builder, ws, sp, fo)
+                _st(builder, builder.fneg(wm), cp, fo)
+                for j in range(4):
+                    _st(builder, _q4k_nibbles(builder, bp, j, q5), ub, 64 * j)
+                return []
+
+            _loop(builder, _i64(context, builder, ns, st[2]), body, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return _decode_row
+
+
+_q4k_decode_row = _make_q4k_decode_row(False)
+_q5k_decode_row = _make_q4k_decode_row(True)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -294,6 +324,12 @@ def q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb], each written from
     its element offset (uoff, soff, coff): w_e = s[e//32] · u_e + c[e//32]."""
     _q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q5k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
+    """As q4k_decode_row for a Q5_K row (u holds 5-bit values)."""
+    _q5k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
 
 # ------------------------------------------------------------------------------- Q6_K

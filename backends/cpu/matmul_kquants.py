@@ -7,10 +7,10 @@ Weights become unsigned bytes u with per-32 (or per-16) float scales s and biase
 w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
-- Q4_K, Q6_K: gemv = kquant_simd's row dots (nibbles unpacked in registers, per-lane scales);
-  gemm = rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot per 16-token
-  tile. These carry the default model's layers and are the fast paths.
-- Q2_K, Q3_K, Q5_K, IQ4_XS: scalar superblock decoders (kquant_decode.py) with one shared gemv
+- Q4_K, Q5_K, Q6_K: gemv = kquant_simd's row dots (quants unpacked in registers, per-lane
+  scales); gemm = rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot_*
+  per 4 rows × 16-token tile. Q4_K / Q6_K carry the default model's layers.
+- Q2_K, Q3_K, IQ4_XS: scalar superblock decoders (kquant_decode.py) with one shared gemv
   (decode per superblock, int32 dot per 32-block) and the same tiled gemm as above.
 """
 
@@ -19,10 +19,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.kquant_decode import (
-    BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, Q2_K, Q3_K, Q5_K, QK_K, decode_superblock,
+    BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, Q2_K, Q3_K, QK_K, decode_superblock,
 )
 from edged.backends.cpu.kquant_simd import (
-    TILE_ROWS, TOKENS, q4k_decode_row, q4k_row_dot, q6k_decode_row, q6k_row_dot,
+    TILE_ROWS, TOKENS, q4k_decode_row, q4k_row_dot, q5k_decode_row, q5k_row_dot, q6k_decode_row, q6k_row_dot,
     tile_dot_s16_b16, tile_dot_s32_b16, tile_dot_s32_b32,
 )
 
@@ -35,11 +35,22 @@ _GEMM_TASKS = 64
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
 
-# gemm decode kinds (one compiled row kernel per kind)
-_KIND_Q4K, _KIND_Q6K, _KIND_OTHER = 0, 1, 2
+# gemm decode kinds (run-time branches in one compiled row kernel)
+_KIND_Q4K, _KIND_Q6K, _KIND_OTHER, _KIND_Q5K = 0, 1, 2, 3
 
 
 # ------------------------------------------------------------------------------- gemv
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _block_sums(xd, xs):
+    """float32 [n, k/32] activation scale × block sum (the Q4_K/Q5_K mins term)."""
+    n, nblk = xd.shape
+    xm = np.empty((n, nblk), np.float32)
+    for t in range(n):
+        for b in range(nblk):
+            xm[t, b] = xd[t, b] * np.float32(xs[t, b])
+    return xm
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
@@ -47,15 +58,23 @@ def gemv_q4_k(w, xq, xd, xs, y):
     """y[n, m] = x @ W.T for Q4_K rows, one row dot per (row, token); meant for small n."""
     m, rb = w.shape
     n, k = xq.shape
-    nblk = k // 32
-    xm = np.empty((n, nblk), np.float32)  # [n, k/32] activation scale × block sum (mins term)
-    for t in range(n):
-        for b in range(nblk):
-            xm[t, b] = xd[t, b] * np.float32(xs[t, b])
+    xm = _block_sums(xd, xs)  # [n, k/32]
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
             for t in range(n):
-                y[t, r] = q4k_row_dot(w, r * rb, xq, t * k, xd, xm, t * nblk, k // QK_K)
+                y[t, r] = q4k_row_dot(w, r * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_q5_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q5_K rows, one row dot per (row, token); meant for small n."""
+    m, rb = w.shape
+    n, k = xq.shape
+    xm = _block_sums(xd, xs)  # [n, k/32]
+    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+            for t in range(n):
+                y[t, r] = q5k_row_dot(w, r * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
@@ -90,7 +109,7 @@ def _dot32(a, ao, x, xo):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for Q2_K/Q3_K/Q5_K/IQ4_XS rows of type code qt: per row and token, decode
+    """y[n, m] = x @ W.T for Q2_K/Q3_K/IQ4_XS rows of type code qt: per row and token, decode
     each superblock, then one int32 dot per 32-block. Meant for small n."""
     m = w.shape[0]
     n, k = xq.shape
@@ -169,7 +188,7 @@ def _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _decode_row_other(qt, row, u, s, c, q, ws, wm, levels):
-    """Q2_K/Q3_K/Q5_K/IQ4_XS row -> u uint8 [k], s float32 [k/32], c float32 [k/32 · 2] (per 16)."""
+    """Q2_K/Q3_K/IQ4_XS row -> u uint8 [k], s float32 [k/32], c float32 [k/32 · 2] (per 16)."""
     nsb = u.shape[0] // QK_K
     bb = BLOCK_BYTES[qt]
     for i in range(nsb):
@@ -192,7 +211,8 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
     k = nblk * 32
     nsb = k // QK_K
     ns = 2 * nblk if kind == _KIND_Q6K else nblk  # scales per row
-    nc = nblk if kind == _KIND_Q4K else 2 * nblk  # biases per row
+    b32 = kind == _KIND_Q4K or kind == _KIND_Q5K
+    nc = nblk if b32 else 2 * nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
     n_tasks = min(n_groups, _GEMM_TASKS)
     for task in nb.prange(n_tasks):
@@ -210,6 +230,8 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
             for i in range(nr):
                 if kind == _KIND_Q4K:
                     q4k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
+                elif kind == _KIND_Q5K:
+                    q5k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 elif kind == _KIND_Q6K:
                     q6k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 else:
@@ -218,7 +240,7 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
                 live = min(TOKENS, n_live - tile * TOKENS)
                 xo = tile * nblk * 512
                 xdo = tile * nblk * TOKENS
-                if kind == _KIND_Q4K:
+                if b32:
                     tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
                 elif kind == _KIND_Q6K:
                     tile_dot_s16_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
@@ -234,7 +256,7 @@ def _gemm(kind, qt, levels, w, xq, xd, xs, y):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows."""
     n, k = xq.shape
     nblk = k // 32
-    bias16 = kind != _KIND_Q4K
+    bias16 = kind == _KIND_Q6K or kind == _KIND_OTHER
     nb_ = 2 if bias16 else 1
     per_pass = max(1, _TILE_BYTES // (TOKENS * k)) * TOKENS
     for n0 in range(0, n, per_pass):
@@ -254,6 +276,12 @@ def gemm_q4_k(w, xq, xd, xs, y):
 
 
 @nb.njit(cache=True, nogil=True)
+def gemm_q5_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q5_K rows, tiled over 16 tokens; for n > 1."""
+    _gemm(_KIND_Q5K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
+
+
+@nb.njit(cache=True, nogil=True)
 def gemm_q6_k(w, xq, xd, xs, y):
     """y[n, m] = x @ W.T for Q6_K rows, tiled over 16 tokens; for n > 1."""
     _gemm(_KIND_Q6K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
@@ -261,13 +289,13 @@ def gemm_q6_k(w, xq, xd, xs, y):
 
 @nb.njit(cache=True, nogil=True)
 def gemm_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for Q2_K/Q3_K/Q5_K/IQ4_XS rows of type code qt, tiled over 16 tokens."""
+    """y[n, m] = x @ W.T for Q2_K/Q3_K/IQ4_XS rows of type code qt, tiled over 16 tokens."""
     _gemm(_KIND_OTHER, qt, levels, w, xq, xd, xs, y)
 
 
 class TypedKernel:
     """A shared kernel bound to one type code, with the contract's signature
-    f(w_rows, xq, xd, xs, y) -> None (Q2_K/Q3_K/Q5_K/IQ4_XS share their two compiled kernels).
+    f(w_rows, xq, xd, xs, y) -> None (Q2_K/Q3_K/IQ4_XS share their two compiled kernels).
     `inspect_asm` and `signatures` are the shared dispatcher's, for VNNI checks and benches."""
 
     def __init__(self, name: str, kernel, code: int):
@@ -289,10 +317,11 @@ class TypedKernel:
         return f"<TypedKernel {self.__name__}>"
 
 
-_OTHER = {T.Q2_K: Q2_K, T.Q3_K: Q3_K, T.Q5_K: Q5_K, T.IQ4_XS: IQ4_XS}
+_OTHER = {T.Q2_K: Q2_K, T.Q3_K: Q3_K, T.IQ4_XS: IQ4_XS}
 
 KERNELS = {
     T.Q4_K: (gemv_q4_k, gemm_q4_k),
+    T.Q5_K: (gemv_q5_k, gemm_q5_k),
     T.Q6_K: (gemv_q6_k, gemm_q6_k),
     **{
         qtype: (

@@ -102,7 +102,7 @@ def _tiled_gemm(rows_kernel, kind, qt, w, x):
     """y = x @ W.T through _prepare_tiles and the given (fresh) _gemm_rows copy; n <= 128."""
     xq, xd, xs = quantize_activations(x)
     n, k = x.shape
-    ntile, nblk, nb_ = (n + 15) // 16, k // 32, (1 if kind == mk._KIND_Q4K else 2)
+    ntile, nblk, nb_ = (n + 15) // 16, k // 32, (1 if kind in (mk._KIND_Q4K, mk._KIND_Q5K) else 2)
     xi = np.empty((ntile, nblk * 512), np.int8)
     xdt = np.empty((ntile, nblk * 16), np.float32)
     xbt = np.empty((ntile, nb_ * nblk * 16), np.float32)
@@ -116,18 +116,20 @@ def _tiled_gemm(rows_kernel, kind, qt, w, x):
 @pytest.mark.parametrize("use_vnni", [True, False], ids=["vnni", "portable"])
 def test_vector_paths(use_vnni):
     """With VNNI (on hosts that have it) every kernel's hot loop is vpdpbusd; the portable vector
-    code (what hosts without VNNI compile) gives the same results and no vpdpbusd."""
+    code (what hosts without VNNI or F16C compile) gives the same results and no vpdpbusd."""
     from edged.backends.cpu import kquant_simd
 
     if use_vnni and not kquant_simd.USE_VNNI:
         pytest.skip("host has no AVX-512 VNNI")
-    saved = kquant_simd.USE_VNNI
+    saved = kquant_simd.USE_VNNI, kquant_simd.USE_F16C
     kquant_simd.USE_VNNI = use_vnni
+    kquant_simd.USE_F16C = saved[1] and use_vnni
     try:
         rng = np.random.default_rng(4)
         x = rng.standard_normal((17, 512)).astype(np.float32)
         rows_kernel = _fresh(mk._gemm_rows)
-        for qtype, gemv, kind in ((T.Q4_K, mk.gemv_q4_k, mk._KIND_Q4K), (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K)):
+        for qtype, gemv, kind in ((T.Q4_K, mk.gemv_q4_k, mk._KIND_Q4K), (T.Q5_K, mk.gemv_q5_k, mk._KIND_Q5K),
+                                  (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K)):
             w = random_qtensor(qtype, 7, 512, seed=9)
             ref = x @ reference_dequantize(w).T
             fresh = _fresh(gemv)
@@ -139,7 +141,7 @@ def test_vector_paths(use_vnni):
         assert _rel_err(y, x @ reference_dequantize(w).T) < REL_ERR[T.Q3_K]
         assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
     finally:
-        kquant_simd.USE_VNNI = saved
+        kquant_simd.USE_VNNI, kquant_simd.USE_F16C = saved
 
 
 def test_real_tensors_of_default_model():
