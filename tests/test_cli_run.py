@@ -1,0 +1,79 @@
+"""`edged run`, `edged perplexity` and `edged bench` end to end on a tiny random model."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edged.cli import main
+from tests.helpers.tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(write_tiny_model(tmp_path_factory.mktemp("cli") / "g.gguf", "gemma3"))
+
+
+def _json(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_run_prompt_ids_greedy_json(tiny):
+    r = CliRunner().invoke(main, ["run", tiny, "--prompt-ids", "2,5,6,7", "--temperature", "0",
+                                  "-n", "5", "--logprobs", "3", "--json"])
+    out = _json(r)
+    assert out["prompt_ids"] == [2, 5, 6, 7]
+    assert out["finish_reason"] in ("length", "stop")
+    assert 1 <= len(out["ids"]) <= 5
+    assert all(len(step) == 3 for step in out["logprobs"])
+    assert out["timings"]["generated_tokens"] >= len(out["ids"])
+    # greedy: each generated id is the top-1 of its step
+    assert [step[0][0] for step in out["logprobs"]][: len(out["ids"])] == out["ids"]
+    again = _json(CliRunner().invoke(main, ["run", tiny, "--prompt-ids", "2,5,6,7", "--temperature",
+                                            "0", "-n", "5", "--json"]))
+    assert again["ids"] == out["ids"]
+
+
+def test_run_text_prompt_streams_text(tiny):
+    r = CliRunner().invoke(main, ["run", tiny, "--prompt", "hello world", "-n", "4", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert "generated at" in r.stderr
+
+
+def test_run_needs_exactly_one_prompt(tiny):
+    r = CliRunner().invoke(main, ["run", tiny])
+    assert r.exit_code == 2 and "exactly one" in r.output
+    r = CliRunner().invoke(main, ["run", tiny, "--prompt-ids", "2,x"])
+    assert r.exit_code == 2
+
+
+def test_run_rejects_out_of_vocab_ids(tiny):
+    r = CliRunner().invoke(main, ["run", tiny, "--prompt-ids", "2,999999", "--json"])
+    assert r.exit_code == 1 and "outside the vocabulary" in r.output
+
+
+def test_perplexity_json(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    rng = np.random.default_rng(0)
+    text.write_text(" ".join("".join(rng.choice(list("abcdefgh"), 4)) for _ in range(200)))
+    out = _json(CliRunner().invoke(main, ["perplexity", tiny, str(text), "--ctx", "32", "--json"]))
+    assert out["chunks"] >= 2 and out["scored"] == out["chunks"] * 15
+    assert 1.0 < out["ppl"] < 1e6
+
+
+def test_perplexity_too_short_text_is_clear_error(tiny, tmp_path):
+    text = tmp_path / "short.txt"
+    text.write_text("hi")
+    r = CliRunner().invoke(main, ["perplexity", tiny, str(text), "--ctx", "512"])
+    assert r.exit_code == 1 and "need at least ctx" in r.output
+
+
+def test_bench_single_stream_json(tiny):
+    r = CliRunner().invoke(main, ["bench", tiny, "--prompt-tokens", "8", "--gen-tokens", "4",
+                                  "--repeat", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["single"]["decode"]["8"]["runs"] == 2
+    assert out["single"]["prefill"]["8"]["median"] > 0
