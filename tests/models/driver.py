@@ -65,7 +65,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 def top_k(logits_row: np.ndarray, k: int = 5) -> list:
     """[(id, logprob)] of the k most likely tokens, most likely first."""
     lp = log_softmax(logits_row)
-    ids = np.argsort(-lp, kind="stable")[:k]
+    part = np.argpartition(-lp, k)[:k]  # O(vocab), then sort only the k winners
+    ids = part[np.argsort(-lp[part], kind="stable")]
     return [(int(i), float(lp[i])) for i in ids]
 
 
