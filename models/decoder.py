@@ -103,6 +103,34 @@ class DecoderModel:
         self.final_softcap = float(final_softcap)
         self.layer_ops = [ops] * len(layers)
         self.output_ops = ops
+        self.check_backend(ops)
+
+    def matrices(self):
+        """(name, QTensor) of every weight the forward multiplies by (output included)."""
+        yield self.output.name, self.output
+        for lw in self.layers:
+            for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wo,
+                      lw.ffn.gate, lw.ffn.up, lw.ffn.down):
+                if w is not None:
+                    yield w.name, w
+
+    def check_backend(self, ops) -> None:
+        """ModelError at load time when `ops` has no matmul kernel for a weight's type.
+
+        Uses `check_supported(qtype)` from the backend, or from the module defining its matmul.
+        """
+        import sys
+
+        check = getattr(ops, "check_supported", None)
+        if check is None:
+            check = getattr(sys.modules.get(getattr(ops.matmul, "__module__", "")), "check_supported", None)
+        if check is None:
+            return
+        for name, w in self.matrices():
+            try:
+                check(w.qtype)
+            except ValueError as e:
+                raise ModelError(f"tensor {name!r}: {e}") from None
 
     # --- the model interface the engine uses -------------------------------------------------
     @property

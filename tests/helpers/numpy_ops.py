@@ -143,7 +143,10 @@ class Q8ActivationOps:
     be checked tightly rather than within quantization noise."""
 
     def __getattr__(self, name):
-        return globals()[name]
+        try:
+            return globals()[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     @staticmethod
     def matmul(w: QTensor, x: np.ndarray, **_) -> np.ndarray:

@@ -68,3 +68,19 @@ def test_bad_head_counts(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", n_kv_heads=3)
     with pytest.raises(ModelError, match=r"head_count_kv.*=3 must divide"):
         _load(path)
+
+
+def test_unsupported_weight_type_fails_at_load(tmp_path):
+    """A backend without a kernel for a weight's type is refused when the model loads."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType as T
+
+    def check_supported(qtype):
+        if qtype == T.Q6_K:
+            raise ValueError("no kernel for Q6_K")
+
+    ops = SimpleNamespace(**{k: getattr(numpy_ops, k) for k in ("matmul", "embed")}, check_supported=check_supported)
+    path = write_tiny_model(tmp_path / "m.gguf", "llama")
+    with pytest.raises(ModelError, match=r"tensor 'blk\.0\.ffn_down\.weight': no kernel for Q6_K"):
+        load_model(load_gguf(path), ops)
