@@ -3,16 +3,21 @@
 LLVM does not find a good schedule for K-quant superblocks on its own (nibble unpacking, per-32
 scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte vectors:
 
-- gemv (one token): `q4k_row_dot` / `q5k_row_dot` / `q6k_row_dot` return one row's dot with one token's int8
-  activations. Weight nibbles are unpacked in registers (never stored) and multiplied as unsigned
-  bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the 16 int32 lanes
-  are scaled per lane (weight scale × activation scale) into float accumulators, reduced once
-  per row.
+- gemv (one token): `q4k_row_dot2` / `q5k_row_dot2` / `q6k_row_dot2` compute two rows' dots
+  with one token's int8 activations. Weight quants are unpacked in registers (never stored) and multiplied
+  as unsigned bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the int32
+  lanes are summed exactly into per-block dots, then scaled and summed in the canonical order.
 - gemm (16-token tiles): `q4k_decode_row` / `q5k_decode_row` / `q6k_decode_row` unpack one row once into unsigned
   bytes u [k] and float scales / biases; `tile_dot_*` multiply TILE_ROWS such rows by a 16-token
   tile of 4-interleaved activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight
   words, 16 tokens in the lanes of one vector, no horizontal sums; each activation vector load
   serves all TILE_ROWS rows (one load per vpdpbusd made the loop load-bound).
+
+Batch invariance: a token's output must not depend on the kernel its batch size picks, so gemv
+and gemm compute the same float operations in the same order per (row, token): the block term
+w_b = float(S_b) · (xd_b · s_b) + Σ c · (xd · Σx) with plain multiplies and adds (no FMA, which
+Numba's scalar code could not match), a pairwise tree over each superblock's 8 terms
+((w0+w1)+(w2+w3))+((w4+w5)+(w6+w7)), and superblock sums added in sequence from 0.
 
 All byte offsets are element offsets into C-contiguous arrays; nothing is bounds-checked (the
 kernels in matmul_kquants.py own the shapes). On hosts without AVX-512 VNNI (decided at compile
@@ -85,21 +90,30 @@ def _shuf(builder, a, idx, b=None):
     return builder.shuffle_vector(a, b if b is not None else ir.Constant(a.type, ir.Undefined), ir.Constant(_v(_I32, len(idx)), idx))
 
 
-def _fmuladd(builder, a, b, c):
-    """a * b + c; fused where the target has FMA (llvm.fmuladd lets LLVM choose)."""
-    ty = a.type
-    name = f"llvm.fmuladd.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fmuladd.f32"
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
-    return builder.call(fn, [a, b, c])
+def _halve(builder, a, b):
+    """Lane i of the result = lanes 2i + 2i+1 of concat(a, b) (integer adds: exact)."""
+    n = a.type.count
+    ev = _shuf(builder, a, range(0, 2 * n, 2), b)
+    od = _shuf(builder, a, range(1, 2 * n, 2), b)
+    return builder.add(ev, od)
 
 
-def _hsum(builder, v):
-    """Sum of the lanes of a float vector (a fixed tree of shuffles)."""
-    n = v.type.count
-    while n > 1:
-        n //= 2
-        v = builder.fadd(_shuf(builder, v, range(n)), _shuf(builder, v, range(n, 2 * n)))
-    return builder.extract_element(v, ir.Constant(_I32, 0))
+def _group_sums(builder, d, levels):
+    """Four 16-lane int32 vectors (64 lanes in order) -> sums of consecutive lane groups of size
+    2**levels, in order (levels 2: 16 sums of 4 lanes; 3: 8 sums of 8 lanes)."""
+    f01, f23 = _halve(builder, d[0], d[1]), _halve(builder, d[2], d[3])
+    g = _halve(builder, f01, f23)  # 16 lanes, groups of 2**levels / 4
+    if levels == 3:
+        g = _halve(builder, _shuf(builder, g, range(8)), _shuf(builder, g, range(8, 16)))
+    return g
+
+
+def _tree8(builder, w):
+    """((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7)) of an 8-lane float vector: the canonical
+    order in which every kernel sums a superblock's 8 per-block terms (batch invariance)."""
+    p = builder.fadd(_shuf(builder, w, (0, 2, 4, 6)), _shuf(builder, w, (1, 3, 5, 7)))
+    q = builder.fadd(_shuf(builder, p, (0, 2)), _shuf(builder, p, (1, 3)))
+    return builder.fadd(builder.extract_element(q, ir.Constant(_I32, 0)), builder.extract_element(q, ir.Constant(_I32, 1)))
 
 
 def _f16(builder, h):
@@ -222,39 +236,44 @@ def _make_q4k_row_dot(q5: bool):
     bbytes = Q5K_BYTES if q5 else Q4K_BYTES
 
     @intrinsic
-    def _row_dot(typingctx, w, woff, x, xoff, xd, xm, doff, nsb):
+    def _row_dot(typingctx, w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
         if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd, types.float32)
-                and _is_arr(xm, types.float32) and _ints(woff, xoff, doff, nsb)):
+                and _is_arr(xm, types.float32) and _is_arr(out, types.float32)
+                and _ints(woff0, woff1, xoff, doff, nsb, o0, o1)):
             return None
-        sig = types.float32(w, woff, x, xoff, xd, xm, doff, nsb)
+        sig = types.void(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
 
         def codegen(context, builder, signature, args):
-            wa, wo, xa, xo, xda, xma, do, ns = args
             st = signature.args
-            wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
-            xp = _base(context, builder, st[2], xa, _i64(context, builder, xo, st[3]))
-            dof = _i64(context, builder, do, st[6])
-            xdp = _base(context, builder, st[4], xda, dof)
-            xmp = _base(context, builder, st[5], xma, dof)
-            zero16, zero8 = ir.Constant(_V16F, None), ir.Constant(_V8F, None)
+            i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
+            wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
+            xp = _base(context, builder, st[3], args[3], i64(4))
+            xdp = _base(context, builder, st[5], args[5], i64(7))
+            xmp = _base(context, builder, st[6], args[6], i64(7))
 
             def body(i, acc):
-                bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
                 xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
                 fo = builder.mul(i, ir.Constant(_I64, 32))  # 8 floats
-                ws, wm = _q4k_scales(builder, bp)
-                sx = builder.fmul(ws, _ld(builder, xdp, fo, _V8F))  # [8] weight scale × act scale
-                accm = _fmuladd(builder, wm, _ld(builder, xmp, fo, _V8F), acc[4])
-                out = []
-                for j in range(4):
-                    s = _dpbusd(builder, ir.Constant(_V16I32, None), _q4k_nibbles(builder, bp, j, q5), _ld(builder, xb, 64 * j, _V64I8))
-                    lane = _shuf(builder, sx, [2 * j] * 8 + [2 * j + 1] * 8)
-                    out.append(_fmuladd(builder, builder.sitofp(s, _V16F), lane, acc[j]))
-                return out + [accm]
+                xv = [_ld(builder, xb, 64 * j, _V64I8) for j in range(4)]
+                xd8, xm8 = _ld(builder, xdp, fo, _V8F), _ld(builder, xmp, fo, _V8F)
+                new = []
+                for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
+                    bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
+                    ws, wm = _q4k_scales(builder, bp)
+                    d = [_dpbusd(builder, ir.Constant(_V16I32, None), _q4k_nibbles(builder, bp, j, q5), xv[j])
+                         for j in range(4)]
+                    sums = builder.sitofp(_group_sums(builder, d, 3), _V8F)  # [8] exact block dots
+                    # the gemm's per-block term, op for op: S·(xd·s) + c·(xd·xs) with c = -dmin·min
+                    v = builder.fmul(sums, builder.fmul(xd8, ws))
+                    w8 = builder.fadd(v, builder.fmul(builder.fneg(wm), xm8))
+                    new.append(builder.fadd(acc[r], _tree8(builder, w8)))
+                return new
 
-            acc = _loop(builder, _i64(context, builder, ns, st[7]), body, [zero16] * 4 + [zero8])
-            tot = builder.fadd(builder.fadd(acc[0], acc[1]), builder.fadd(acc[2], acc[3]))
-            return builder.fsub(_hsum(builder, tot), _hsum(builder, acc[4]))
+            acc = _loop(builder, i64(8), body, [ir.Constant(_F32, 0.0)] * 2)
+            op = _base(context, builder, st[9], args[9], ir.Constant(_I64, 0))
+            for r, k in enumerate((10, 11)):
+                _st(builder, acc[r], op, builder.mul(i64(k), ir.Constant(_I64, 4)))
+            return context.get_dummy_value()
 
         return sig, codegen
 
@@ -266,17 +285,18 @@ _q5k_row_dot = _make_q4k_row_dot(True)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb):
-    """float32 dot of one Q4_K row (nsb superblocks at byte woff of w) with one token's int8
-    activations (at element xoff of x); xd / xm float32 hold the token's per-32 activation scales
-    and scale × block sum from element doff on (the Q4_K mins term needs only block sums)."""
-    return _q4k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb)
+def q4k_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
+    """Dots of two Q4_K rows (nsb superblocks at bytes woff0 / woff1 of w; may be the same row)
+    with one token's int8 activations (at element xoff of x), written to out's flat elements
+    o0 / o1; xd / xm float32 hold the token's per-32 activation scales and scale × block sum from
+    element doff on. Two rows per call: their independent chains hide each other's latency."""
+    _q4k_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def q5k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb):
-    """As q4k_row_dot for a Q5_K row."""
-    return _q5k_row_dot(w, woff, x, xoff, xd, xm, doff, nsb)
+def q5k_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
+    """As q4k_row_dot2 for Q5_K rows."""
+    _q5k_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
 
 
 def _make_q4k_decode_row(q5: bool):
@@ -357,51 +377,61 @@ def _q6k_scales(builder, bp):
 
 
 @intrinsic
-def _q6k_row_dot(typingctx, w, woff, x, xoff, xd16, xs16, doff, nsb):
+def _q6k_row_dot(typingctx, w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
     if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd16, types.float32)
-            and _is_arr(xs16, types.float32) and _ints(woff, xoff, doff, nsb)):
+            and _is_arr(xs16, types.float32) and _is_arr(out, types.float32)
+            and _ints(woff0, woff1, xoff, doff, nsb, o0, o1)):
         return None
-    sig = types.float32(w, woff, x, xoff, xd16, xs16, doff, nsb)
+    sig = types.void(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
 
     def codegen(context, builder, signature, args):
-        wa, wo, xa, xo, xda, xsa, do, ns = args
         st = signature.args
-        wp = _base(context, builder, st[0], wa, _i64(context, builder, wo, st[1]))
-        xp = _base(context, builder, st[2], xa, _i64(context, builder, xo, st[3]))
-        dof = _i64(context, builder, do, st[6])
-        xdp = _base(context, builder, st[4], xda, dof)
-        xsp = _base(context, builder, st[5], xsa, dof)
-        zero16 = ir.Constant(_V16F, None)
+        i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
+        wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
+        xp = _base(context, builder, st[3], args[3], i64(4))
+        xdp = _base(context, builder, st[5], args[5], i64(7))
+        xsp = _base(context, builder, st[6], args[6], i64(7))
+        ev, od = list(range(0, 16, 2)), list(range(1, 16, 2))
 
         def body(i, acc):
-            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
             xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
             fo = builder.mul(i, ir.Constant(_I64, 64))  # 16 floats
-            sc = _q6k_scales(builder, bp)  # [16] per-16 weight scales
-            accm = _fmuladd(builder, sc, _ld(builder, xsp, fo, _V16F), acc[4])
-            sx = builder.fmul(sc, _ld(builder, xdp, fo, _V16F))
-            out = []
-            for h in range(2):
-                for half, wv in enumerate(_q6k_quants(builder, bp, h)):
-                    c = 2 * h + half  # 64-element chunk: sub-blocks 4c .. 4c+3, 4 lanes each
-                    s = _dpbusd(builder, ir.Constant(_V16I32, None), wv, _ld(builder, xb, 64 * c, _V64I8))
-                    lane = _shuf(builder, sx, [4 * c + t // 4 for t in range(16)])
-                    out.append(_fmuladd(builder, builder.sitofp(s, _V16F), lane, acc[c]))
-            return out + [accm]
+            xv = [_ld(builder, xb, 64 * c, _V64I8) for c in range(4)]
+            xd16v, xs16v = _ld(builder, xdp, fo, _V16F), _ld(builder, xsp, fo, _V16F)
+            new = []
+            for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
+                bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
+                sc = _q6k_scales(builder, bp)  # [16] per-16 weight scales
+                d = []
+                for h in range(2):
+                    for half, wv in enumerate(_q6k_quants(builder, bp, h)):
+                        d.append(_dpbusd(builder, ir.Constant(_V16I32, None), wv, xv[2 * h + half]))
+                sums = builder.sitofp(_group_sums(builder, d, 2), _V16F)  # [16] exact half-block dots
+                # the gemm's block term, op for op: (lo·(xd·s_lo) + hi·(xd·s_hi)) + (c_lo·xb_lo + c_hi·xb_hi)
+                p = builder.fmul(sums, builder.fmul(xd16v, sc))
+                c = builder.fmul(sc, _splat(builder, ir.Constant(_F32, -32.0), _V16F))
+                q = builder.fmul(c, xs16v)
+                v = builder.fadd(_shuf(builder, p, ev), _shuf(builder, p, od))
+                bias = builder.fadd(_shuf(builder, q, ev), _shuf(builder, q, od))
+                new.append(builder.fadd(acc[r], _tree8(builder, builder.fadd(v, bias))))
+            return new
 
-        acc = _loop(builder, _i64(context, builder, ns, st[7]), body, [zero16] * 5)
-        tot = builder.fadd(builder.fadd(acc[0], acc[1]), builder.fadd(acc[2], acc[3]))
-        return builder.fsub(_hsum(builder, tot), builder.fmul(ir.Constant(_F32, 32.0), _hsum(builder, acc[4])))
+        acc = _loop(builder, i64(8), body, [ir.Constant(_F32, 0.0)] * 2)
+        op = _base(context, builder, st[9], args[9], ir.Constant(_I64, 0))
+        for r, k in enumerate((10, 11)):
+            _st(builder, acc[r], op, builder.mul(i64(k), ir.Constant(_I64, 4)))
+        return context.get_dummy_value()
 
     return sig, codegen
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def q6k_row_dot(w, woff, x, xoff, xd16, xs16, doff, nsb):
-    """float32 dot of one Q6_K row (nsb superblocks at byte woff of w) with one token's int8
-    activations (at element xoff of x); xd16 / xs16 float32 hold, per 16 activations from element
-    doff on, the block's activation scale and scale × sum of those 16 (for the -32 offset)."""
-    return _q6k_row_dot(w, woff, x, xoff, xd16, xs16, doff, nsb)
+def q6k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
+    """Dots of two Q6_K rows (bytes woff0 / woff1 of w; may be the same row) with one token's
+    int8 activations (at element xoff of x), written to out's flat elements o0 / o1; xd16 / xs16
+    float32 hold, per 16 activations from element doff on, the block's activation scale and
+    scale × sum of those 16 (for the -32 offset)."""
+    _q6k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
 
 
 @intrinsic
@@ -479,7 +509,8 @@ def _make_tile_dot(scale16: bool, bias16: bool):
             zero_i, zero_f = ir.Constant(_V16I32, None), ir.Constant(_V16F, None)
             fsplat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), _V16F)  # noqa: E731
 
-            def body(b, acc):
+            def block_terms(b):
+                """Per-row [16]-token vectors of the canonical block term w_b (see _tree8)."""
                 xb = builder.gep(xp, [builder.mul(b, c64(512))])
                 ub = builder.mul(b, c64(32))
                 lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
@@ -497,25 +528,35 @@ def _make_tile_dot(scale16: bool, bias16: bool):
                        for q in range(nbias)]
                 sb = builder.mul(b, c64(4 * nsc))
                 cb = builder.mul(b, c64(4 * nbias))
+                out = []
+                for r in range(TILE_ROWS):
+                    if scale16:
+                        v = builder.fadd(builder.fmul(builder.sitofp(lo[r], _V16F), builder.fmul(xd, fsplat(sr[r], sb))),
+                                         builder.fmul(builder.sitofp(hi[r], _V16F),
+                                                      builder.fmul(xd, fsplat(sr[r], builder.add(sb, c64(4))))))
+                    else:
+                        v = builder.fmul(builder.sitofp(builder.add(lo[r], hi[r]), _V16F), builder.fmul(xd, fsplat(sr[r], sb)))
+                    bias = builder.fmul(fsplat(cr[r], cb), xbv[0])
+                    if bias16:
+                        bias = builder.fadd(bias, builder.fmul(fsplat(cr[r], builder.add(cb, c64(4))), xbv[1]))
+                    out.append(builder.fadd(v, bias))
+                return out
+
+            def body(i, acc):  # one superblock: 8 blocks summed in _tree8's order, then added
+                b0 = builder.mul(i, c64(8))
+                w = [block_terms(builder.add(b0, c64(j))) for j in range(8)]
                 new = []
                 for r in range(TILE_ROWS):
-                    a = acc[2 * r]
-                    if scale16:
-                        a = _fmuladd(builder, builder.sitofp(lo[r], _V16F), builder.fmul(xd, fsplat(sr[r], sb)), a)
-                        a = _fmuladd(builder, builder.sitofp(hi[r], _V16F),
-                                     builder.fmul(xd, fsplat(sr[r], builder.add(sb, c64(4)))), a)
-                    else:
-                        tot = builder.sitofp(builder.add(lo[r], hi[r]), _V16F)
-                        a = _fmuladd(builder, tot, builder.fmul(xd, fsplat(sr[r], sb)), a)
-                    bias = acc[2 * r + 1]
-                    for q in range(nbias):
-                        bias = _fmuladd(builder, fsplat(cr[r], builder.add(cb, c64(4 * q))), xbv[q], bias)
-                    new += [a, bias]
+                    t = [w[j][r] for j in range(8)]
+                    p = [builder.fadd(t[2 * j], t[2 * j + 1]) for j in range(4)]
+                    tot = builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
+                    new.append(builder.fadd(acc[r], tot))
                 return new
 
-            acc = _loop(builder, i64(15), body, [zero_f] * (2 * TILE_ROWS))
+            nsb = builder.udiv(i64(15), c64(8))
+            acc = _loop(builder, nsb, body, [zero_f] * TILE_ROWS)
             for r in range(TILE_ROWS):
-                _st(builder, builder.fadd(acc[2 * r], acc[2 * r + 1]), op, 64 * r)
+                _st(builder, acc[r], op, 64 * r)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -530,12 +571,15 @@ _tile_dot_s16_b16 = _make_tile_dot(True, True)
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
-    """TILE_ROWS decoded rows × one 16-token tile over nblk 32-blocks b; for row r and token t
-        out[ooff + 16r + t] = Σ_b s_r[b] · xdt[b, t] · Σ_j u_r[32b+j] · x_t[32b+j] + c_r[b] · xbt[b, t]
-    (per-32 weight scale s and bias c). Row r's u uint8 [nblk·32] starts at element uoff + r·ustride
-    (s, c float32 [nblk] likewise); xi int8 is the 4-interleaved tile [nblk][8 groups][16 tokens][4]
-    from xioff; xdt float32 [nblk][16] activation scales from xdoff; xbt float32 [nblk][16]
-    scale × block sums from xboff. Nothing is bounds-checked."""
+    """TILE_ROWS decoded rows × one 16-token tile over nblk 32-blocks b (nblk a multiple of 8);
+    for row r and token t, out[ooff + 16r + t] = Σ_b w_b with the block term
+        w_b = float(Σ_j u_r[32b+j] · x_t[32b+j]) · (xdt[b, t] · s_r[b]) + c_r[b] · xbt[b, t]
+    (per-32 weight scale s and bias c), summed in the canonical order (pairwise tree over each
+    superblock's 8 terms, superblocks in sequence) that the gemv row dots reproduce exactly.
+    Row r's u uint8 [nblk·32] starts at element uoff + r·ustride (s, c float32 [nblk] likewise);
+    xi int8 is the 4-interleaved tile [nblk][8 groups][16 tokens][4] from xioff; xdt float32
+    [nblk][16] activation scales from xdoff; xbt float32 [nblk][16] scale × block sums from xboff.
+    Nothing is bounds-checked."""
     _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
 
@@ -544,7 +588,8 @@ def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 def tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
     """As tile_dot_s32_b32 with per-16 biases: c_r float32 [nblk][2] and xbt float32 [nblk][2][16]
-    (scale × sums of elements 0-15 and 16-31 of each block)."""
+    (scale × sums of elements 0-15 and 16-31 of each block); the bias part of w_b is
+    c_r[b,0] · xbt[b,0,t] + c_r[b,1] · xbt[b,1,t]."""
     _tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
 
@@ -552,6 +597,7 @@ def tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
-    """As tile_dot_s32_b16 with per-16 weight scales too: s_r float32 [nblk][2]."""
+    """As tile_dot_s32_b16 with per-16 weight scales too: s_r float32 [nblk][2], and the scale part
+    of w_b is float(lo) · (xdt · s_r[b,0]) + float(hi) · (xdt · s_r[b,1]) over elements 0-15 / 16-31."""
     _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)

@@ -22,7 +22,7 @@ from edged.backends.cpu.kquant_decode import (
     BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, Q2_K, Q3_K, QK_K, decode_superblock,
 )
 from edged.backends.cpu.kquant_simd import (
-    TILE_ROWS, TOKENS, q4k_decode_row, q4k_row_dot, q5k_decode_row, q5k_row_dot, q6k_decode_row, q6k_row_dot,
+    TILE_ROWS, TOKENS, q4k_decode_row, q4k_row_dot2, q5k_decode_row, q5k_row_dot2, q6k_decode_row, q6k_row_dot2,
     tile_dot_s16_b16, tile_dot_s32_b16, tile_dot_s32_b32,
 )
 
@@ -60,9 +60,10 @@ def gemv_q4_k(w, xq, xd, xs, y):
     n, k = xq.shape
     xm = _block_sums(xd, xs)  # [n, k/32]
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             for t in range(n):
-                y[t, r] = q4k_row_dot(w, r * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K)
+                q4k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
@@ -72,9 +73,10 @@ def gemv_q5_k(w, xq, xd, xs, y):
     n, k = xq.shape
     xm = _block_sums(xd, xs)  # [n, k/32]
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             for t in range(n):
-                y[t, r] = q5k_row_dot(w, r * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K)
+                q5k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
@@ -94,9 +96,10 @@ def gemv_q6_k(w, xq, xd, xs, y):
             xd16[t, h] = d
             xs16[t, h] = d * np.float32(s)
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             for t in range(n):
-                y[t, r] = q6k_row_dot(w, r * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K)
+                q6k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -126,6 +129,7 @@ def gemv_kquant(w, xq, xd, xs, y, qt, levels):
         q = np.empty(QK_K, dtype=np.uint8)
         ws = np.empty(NBLK, dtype=np.float32)
         wm = np.empty(2 * NBLK, dtype=np.float32)
+        wb = np.empty(NBLK, dtype=np.float32)  # [8] block terms of one superblock
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
             row = w[r]
             for t in range(n):
@@ -136,10 +140,13 @@ def gemv_kquant(w, xq, xd, xs, y, qt, levels):
                     xo = _U(i * QK_K)
                     for b in range(NBLK):
                         gb = i * NBLK + b
-                        v = ws[b] * _dot32(q, _U(32 * b), xrow, xo + _U(32 * b))
-                        lo = np.float32(xlo[t, gb])
-                        hi = np.float32(xs[t, gb]) - lo
-                        acc += xd[t, gb] * (v - wm[2 * b] * lo - wm[2 * b + 1] * hi)
+                        d = xd[t, gb]
+                        lo = xlo[t, gb]
+                        # tile_dot_s32_b16's block term, op for op (batch invariance)
+                        v = _dot32(q, _U(32 * b), xrow, xo + _U(32 * b)) * (d * ws[b])
+                        bias = (-wm[2 * b]) * (d * np.float32(lo)) + (-wm[2 * b + 1]) * (d * np.float32(xs[t, gb] - lo))
+                        wb[b] = v + bias
+                    acc = acc + (((wb[0] + wb[1]) + (wb[2] + wb[3])) + ((wb[4] + wb[5]) + (wb[6] + wb[7])))
                 y[t, r] = acc
 
 
@@ -270,41 +277,25 @@ def _gemm(kind, qt, levels, w, xq, xd, xs, y):
 
 
 @nb.njit(cache=True, nogil=True)
-def gemm_q4_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q4_K rows, tiled over 16 tokens; for n > 1."""
-    _gemm(_KIND_Q4K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
-
-
-@nb.njit(cache=True, nogil=True)
-def gemm_q5_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q5_K rows, tiled over 16 tokens; for n > 1."""
-    _gemm(_KIND_Q5K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
-
-
-@nb.njit(cache=True, nogil=True)
-def gemm_q6_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q6_K rows, tiled over 16 tokens; for n > 1."""
-    _gemm(_KIND_Q6K, 0, IQ4_LEVELS_U8, w, xq, xd, xs, y)
-
-
-@nb.njit(cache=True, nogil=True)
-def gemm_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for Q2_K/Q3_K/IQ4_XS rows of type code qt, tiled over 16 tokens."""
-    _gemm(_KIND_OTHER, qt, levels, w, xq, xd, xs, y)
+def gemm_kquant(w, xq, xd, xs, y, kind, qt, levels):
+    """y[n, m] = x @ W.T tiled over 16 tokens (for n > 1), for every type: `kind` picks the row
+    decoder (_KIND_*; qt is the kquant_decode type code for _KIND_OTHER). One compiled kernel for
+    all types: Numba re-optimizes a callee into each caller, so per-type wrappers cost ~10 s each."""
+    _gemm(kind, qt, levels, w, xq, xd, xs, y)
 
 
 class TypedKernel:
-    """A shared kernel bound to one type code, with the contract's signature
-    f(w_rows, xq, xd, xs, y) -> None (Q2_K/Q3_K/IQ4_XS share their two compiled kernels).
-    `inspect_asm` and `signatures` are the shared dispatcher's, for VNNI checks and benches."""
+    """A shared kernel bound to one type, with the contract's signature f(w_rows, xq, xd, xs, y):
+    calls kernel(w_rows, xq, xd, xs, y, *extra). `inspect_asm` and `signatures` are the shared
+    dispatcher's, for VNNI checks and benches."""
 
-    def __init__(self, name: str, kernel, code: int):
+    def __init__(self, name: str, kernel, *extra):
         self.__name__ = name
         self.kernel = kernel
-        self.code = code
+        self.extra = extra
 
     def __call__(self, w, xq, xd, xs, y) -> None:
-        self.kernel(w, xq, xd, xs, y, self.code, IQ4_LEVELS_U8)
+        self.kernel(w, xq, xd, xs, y, *self.extra)
 
     @property
     def signatures(self):
@@ -317,16 +308,20 @@ class TypedKernel:
         return f"<TypedKernel {self.__name__}>"
 
 
+def _gemm_for(qtype, kind: int, code: int = 0) -> TypedKernel:
+    return TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, kind, code, IQ4_LEVELS_U8)
+
+
 _OTHER = {T.Q2_K: Q2_K, T.Q3_K: Q3_K, T.IQ4_XS: IQ4_XS}
 
 KERNELS = {
-    T.Q4_K: (gemv_q4_k, gemm_q4_k),
-    T.Q5_K: (gemv_q5_k, gemm_q5_k),
-    T.Q6_K: (gemv_q6_k, gemm_q6_k),
+    T.Q4_K: (gemv_q4_k, _gemm_for(T.Q4_K, _KIND_Q4K)),
+    T.Q5_K: (gemv_q5_k, _gemm_for(T.Q5_K, _KIND_Q5K)),
+    T.Q6_K: (gemv_q6_k, _gemm_for(T.Q6_K, _KIND_Q6K)),
     **{
         qtype: (
-            TypedKernel(f"gemv_{qtype.name.lower()}", gemv_kquant, code),
-            TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, code),
+            TypedKernel(f"gemv_{qtype.name.lower()}", gemv_kquant, code, IQ4_LEVELS_U8),
+            _gemm_for(qtype, _KIND_OTHER, code),
         )
         for qtype, code in _OTHER.items()
     },
