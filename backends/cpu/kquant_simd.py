@@ -192,6 +192,8 @@ def _i64(context, builder, val, ty):
 Q4K_BYTES = 144  # d f16 | dmin f16 | scales[12] | qs[128]
 Q5K_BYTES = 176  # d f16 | dmin f16 | scales[12] | qh[32] | qs[128]
 Q6K_BYTES = 210  # ql[128] | qh[64] | scales[16] int8 | d f16
+Q3K_BYTES = 110  # hmask[32] | qs[64] | scales[12] | d f16
+Q2K_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
 
 
 def _q4k_scales(builder, bp):
@@ -352,77 +354,164 @@ def q5k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     _q5k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
 
-# ------------------------------------------------------------------------------- Q6_K
+# ------------------------------------------------------------------------------- Q6_K, Q3_K, Q2_K (per-16 scales)
 
 
-def _q6k_quants(builder, bp, h):
-    """Two 64-vectors of unsigned 6-bit weights for elements 128h .. 128h+127 of one Q6_K block:
-    low 4 bits from ql[64h : 64h+64] (low nibbles first, then high), the top 2 bits from
-    qh[32h : 32h+32] (bit pairs 0-1, 2-3 for the first 64 elements, 4-5, 6-7 for the next)."""
+def _q6k_quants(builder, bp, c):
+    """64 unsigned 6-bit weights (elements 64c .. 64c+63) of one Q6_K block: low 4 bits from
+    ql[64h : 64h+64] (h = c // 2; low nibbles for even c, high for odd), the top 2 bits from
+    qh[32h : 32h+32] (bit pairs 0-1, 2-3 for even c, 4-5, 6-7 for odd c)."""
+    h, odd = divmod(c, 2)
     ql = _ld(builder, bp, 64 * h, _V64I8)
     qh = _bcast32(builder, bp, 128 + 32 * h)
     m30, m0f = _const(_V64I8, 0x30), _const(_V64I8, 0x0F)
-    hi_a = builder.and_(_shl8(builder, qh, [4] * 16 + [2] * 16), m30)
-    hi_b = builder.and_(_lshr8(builder, qh, [0] * 16 + [2] * 16), m30)
-    wa = builder.or_(builder.and_(ql, m0f), hi_a)
-    wb = builder.or_(builder.and_(_lshr8(builder, ql, [4] * 32), m0f), hi_b)
-    return wa, wb
+    if odd:
+        hi = builder.and_(_lshr8(builder, qh, [0] * 16 + [2] * 16), m30)
+        lo = builder.and_(_lshr8(builder, ql, [4] * 32), m0f)
+    else:
+        hi = builder.and_(_shl8(builder, qh, [4] * 16 + [2] * 16), m30)
+        lo = builder.and_(ql, m0f)
+    return builder.or_(lo, hi)
 
 
 def _q6k_scales(builder, bp):
-    """d · scales[0:16] (int8) as a float32 vector of 16."""
+    """(s, c) float32 [16] per-16 scales d · scales[i] (int8) and biases -32 · s."""
     d = _f16(builder, _ld(builder, bp, 208, _I16))
     sc = builder.sitofp(builder.sext(_ld(builder, bp, 192, _V16I8), _V16I32), _V16F)
-    return builder.fmul(sc, _splat(builder, d, _V16F))
+    s16 = builder.fmul(sc, _splat(builder, d, _V16F))
+    return s16, builder.fmul(s16, _splat(builder, ir.Constant(_F32, -32.0), _V16F))
 
 
-@intrinsic
-def _q6k_row_dot(typingctx, w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
-    if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd16, types.float32)
-            and _is_arr(xs16, types.float32) and _is_arr(out, types.float32)
-            and _ints(woff0, woff1, xoff, doff, nsb, o0, o1)):
-        return None
-    sig = types.void(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
+def _low2(builder, bp, qs_off, c):
+    """Q2_K/Q3_K 2-bit quants of elements 64c .. 64c+63: element e takes bits 2·((e%128)//32)
+    of qs[32·(e//128) + e%32] (qs at byte qs_off)."""
+    h, i = divmod(c, 2)
+    v = _lshr8(builder, _bcast32(builder, bp, qs_off + 32 * h), [4 * i] * 16 + [4 * i + 2] * 16)
+    return builder.and_(v, _const(_V64I8, 0x03))
 
-    def codegen(context, builder, signature, args):
-        st = signature.args
-        i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
-        wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
-        xp = _base(context, builder, st[3], args[3], i64(4))
-        xdp = _base(context, builder, st[5], args[5], i64(7))
-        xsp = _base(context, builder, st[6], args[6], i64(7))
-        ev, od = list(range(0, 16, 2)), list(range(1, 16, 2))
 
-        def body(i, acc):
-            xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
-            fo = builder.mul(i, ir.Constant(_I64, 64))  # 16 floats
-            xv = [_ld(builder, xb, 64 * c, _V64I8) for c in range(4)]
-            xd16v, xs16v = _ld(builder, xdp, fo, _V16F), _ld(builder, xsp, fo, _V16F)
-            new = []
-            for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
-                bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
-                sc = _q6k_scales(builder, bp)  # [16] per-16 weight scales
-                d = []
-                for h in range(2):
-                    for half, wv in enumerate(_q6k_quants(builder, bp, h)):
-                        d.append(_dpbusd(builder, ir.Constant(_V16I32, None), wv, xv[2 * h + half]))
-                sums = builder.sitofp(_group_sums(builder, d, 2), _V16F)  # [16] exact half-block dots
-                # the gemm's block term, op for op: (lo·(xd·s_lo) + hi·(xd·s_hi)) + (c_lo·xb_lo + c_hi·xb_hi)
-                p = builder.fmul(sums, builder.fmul(xd16v, sc))
-                c = builder.fmul(sc, _splat(builder, ir.Constant(_F32, -32.0), _V16F))
-                q = builder.fmul(c, xs16v)
-                v = builder.fadd(_shuf(builder, p, ev), _shuf(builder, p, od))
-                bias = builder.fadd(_shuf(builder, q, ev), _shuf(builder, q, od))
-                new.append(builder.fadd(acc[r], _tree8(builder, builder.fadd(v, bias))))
-            return new
+def _q3k_quants(builder, bp, c):
+    """64 unsigned 3-bit weights (elements 64c .. 64c+63) of one Q3_K block (value u - 4): 2 low
+    bits from qs (at byte 32), the third from bit e//32 of hmask[e%32] (at byte 0)."""
+    hb = _lshr8(builder, _bcast32(builder, bp, 0), [2 * c] * 16 + [2 * c + 1] * 16)
+    hb = _shl8(builder, builder.and_(hb, _const(_V64I8, 0x01)), [2] * 32)
+    return builder.or_(_low2(builder, bp, 32, c), hb)
 
-        acc = _loop(builder, i64(8), body, [ir.Constant(_F32, 0.0)] * 2)
-        op = _base(context, builder, st[9], args[9], ir.Constant(_I64, 0))
-        for r, k in enumerate((10, 11)):
-            _st(builder, acc[r], op, builder.mul(i64(k), ir.Constant(_I64, 4)))
-        return context.get_dummy_value()
 
-    return sig, codegen
+def _q3k_scales(builder, bp):
+    """(s, c) float32 [16]: d · (6-bit scale - 32) and -4 · s. Scale i: low 4 bits from byte
+    96 + i%8 (low nibble for i < 8, high otherwise), top 2 bits from byte 104 + i%4, bits 2·(i//4)."""
+    d = _f16(builder, _ld(builder, bp, 108, _I16))
+    a = _ld(builder, bp, 96, _v(_I8, 8))
+    a16 = builder.zext(_shuf(builder, a, list(range(8)) * 2), _V16I32)
+    lo = builder.and_(builder.lshr(a16, _const(_V16I32, [0] * 8 + [4] * 8)), _const(_V16I32, 0x0F))
+    h = builder.zext(_shuf(builder, _ld(builder, bp, 104, _v(_I8, 4)), [i % 4 for i in range(16)]), _V16I32)
+    hi = builder.and_(builder.lshr(h, _const(_V16I32, [2 * (i // 4) for i in range(16)])), _const(_V16I32, 3))
+    sc = builder.sub(builder.or_(lo, builder.shl(hi, _const(_V16I32, 4))), _const(_V16I32, 32))
+    s16 = builder.fmul(builder.sitofp(sc, _V16F), _splat(builder, d, _V16F))
+    return s16, builder.fmul(s16, _splat(builder, ir.Constant(_F32, -4.0), _V16F))
+
+
+def _q2k_quants(builder, bp, c):
+    """64 unsigned 2-bit weights (elements 64c .. 64c+63) of one Q2_K block (qs at byte 16)."""
+    return _low2(builder, bp, 16, c)
+
+
+def _q2k_scales(builder, bp):
+    """(s, c) float32 [16]: d · (scales[i] & 15) and -dmin · (scales[i] >> 4)."""
+    dd = _ld(builder, bp, 80, _I32)
+    d = _f16(builder, builder.trunc(dd, _I16))
+    dmin = _f16(builder, builder.trunc(builder.lshr(dd, ir.Constant(_I32, 16)), _I16))
+    sc = builder.zext(_ld(builder, bp, 0, _V16I8), _V16I32)
+    s16 = builder.fmul(builder.uitofp(builder.and_(sc, _const(_V16I32, 0x0F)), _V16F), _splat(builder, d, _V16F))
+    mn = builder.uitofp(builder.lshr(sc, _const(_V16I32, 4)), _V16F)
+    return s16, builder.fmul(mn, _splat(builder, builder.fneg(dmin), _V16F))
+
+
+def _make_k16(bbytes, quants, scales):
+    """(row_dot2, decode_row) intrinsics of a type with per-16 scales and biases (Q6_K, Q3_K,
+    Q2_K): quants(builder, bp, c) gives the unsigned weights of 64-element chunk c of the block
+    at i8* bp, scales(builder, bp) the per-16 (s, c) with w_e = s · u_e + c."""
+
+    @intrinsic
+    def _row_dot(typingctx, w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
+        if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd16, types.float32)
+                and _is_arr(xs16, types.float32) and _is_arr(out, types.float32)
+                and _ints(woff0, woff1, xoff, doff, nsb, o0, o1)):
+            return None
+        sig = types.void(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
+
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
+            wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
+            xp = _base(context, builder, st[3], args[3], i64(4))
+            xdp = _base(context, builder, st[5], args[5], i64(7))
+            xsp = _base(context, builder, st[6], args[6], i64(7))
+            ev, od = list(range(0, 16, 2)), list(range(1, 16, 2))
+
+            def body(i, acc):
+                xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
+                fo = builder.mul(i, ir.Constant(_I64, 64))  # 16 floats
+                xv = [_ld(builder, xb, 64 * c, _V64I8) for c in range(4)]
+                xd16v, xs16v = _ld(builder, xdp, fo, _V16F), _ld(builder, xsp, fo, _V16F)
+                new = []
+                for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
+                    bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
+                    s16, c16 = scales(builder, bp)
+                    d = [_dpbusd(builder, ir.Constant(_V16I32, None), quants(builder, bp, c), xv[c]) for c in range(4)]
+                    sums = builder.sitofp(_group_sums(builder, d, 2), _V16F)  # [16] exact half-block dots
+                    # tile_dot_s16_b16's block term, op for op:
+                    # (lo·(xd·s_lo) + hi·(xd·s_hi)) + (c_lo·xb_lo + c_hi·xb_hi)
+                    p = builder.fmul(sums, builder.fmul(xd16v, s16))
+                    q = builder.fmul(c16, xs16v)
+                    v = builder.fadd(_shuf(builder, p, ev), _shuf(builder, p, od))
+                    bias = builder.fadd(_shuf(builder, q, ev), _shuf(builder, q, od))
+                    new.append(builder.fadd(acc[r], _tree8(builder, builder.fadd(v, bias))))
+                return new
+
+            acc = _loop(builder, i64(8), body, [ir.Constant(_F32, 0.0)] * 2)
+            op = _base(context, builder, st[9], args[9], ir.Constant(_I64, 0))
+            for r, k in enumerate((10, 11)):
+                _st(builder, acc[r], op, builder.mul(i64(k), ir.Constant(_I64, 4)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def _decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
+        if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
+                and _is_arr(c, types.float32) and _ints(woff, nsb, uoff, soff, coff)):
+            return None
+        sig = types.void(w, woff, nsb, u, uoff, s, soff, c, coff)
+
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            ptr = lambda k: _base(context, builder, st[k], args[k], _i64(context, builder, args[k + 1], st[k + 1]))  # noqa: E731
+            wp, up, sp, cp = ptr(0), ptr(3), ptr(5), ptr(7)
+
+            def body(i, _):
+                bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
+                ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
+                fo = builder.mul(i, ir.Constant(_I64, 64))
+                s16, c16 = scales(builder, bp)
+                _st(builder, s16, sp, fo)
+                _st(builder, c16, cp, fo)
+                for ch in range(4):
+                    _st(builder, quants(builder, bp, ch), ub, 64 * ch)
+                return []
+
+            _loop(builder, _i64(context, builder, args[2], st[2]), body, [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return _row_dot, _decode_row
+
+
+_q6k_row_dot, _q6k_decode_row = _make_k16(Q6K_BYTES, _q6k_quants, _q6k_scales)
+_q3k_row_dot, _q3k_decode_row = _make_k16(Q3K_BYTES, _q3k_quants, _q3k_scales)
+_q2k_row_dot, _q2k_decode_row = _make_k16(Q2K_BYTES, _q2k_quants, _q2k_scales)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -430,40 +519,20 @@ def q6k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
     """Dots of two Q6_K rows (bytes woff0 / woff1 of w; may be the same row) with one token's
     int8 activations (at element xoff of x), written to out's flat elements o0 / o1; xd16 / xs16
     float32 hold, per 16 activations from element doff on, the block's activation scale and
-    scale × sum of those 16 (for the -32 offset)."""
+    scale × sum of those 16 (for the bias term)."""
     _q6k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
 
 
-@intrinsic
-def _q6k_decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
-    if not (_is_arr(w, types.uint8) and _is_arr(u, types.uint8) and _is_arr(s, types.float32)
-            and _is_arr(c, types.float32) and _ints(woff, nsb, uoff, soff, coff)):
-        return None
-    sig = types.void(w, woff, nsb, u, uoff, s, soff, c, coff)
+@nb.njit(cache=True, nogil=True, inline="always")
+def q3k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
+    """As q6k_row_dot2 for Q3_K rows."""
+    _q3k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
 
-    def codegen(context, builder, signature, args):
-        st = signature.args
-        ptr = lambda k: _base(context, builder, st[k], args[k], _i64(context, builder, args[k + 1], st[k + 1]))  # noqa: E731
-        wp, up, sp, cp = ptr(0), ptr(3), ptr(5), ptr(7)
-        ns = args[2]
 
-        def body(i, _):
-            bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, Q6K_BYTES))])
-            ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
-            fo = builder.mul(i, ir.Constant(_I64, 64))
-            sc = _q6k_scales(builder, bp)
-            _st(builder, sc, sp, fo)
-            _st(builder, builder.fmul(sc, _splat(builder, ir.Constant(_F32, -32.0), _V16F)), cp, fo)
-            for h in range(2):
-                wa_, wb_ = _q6k_quants(builder, bp, h)
-                _st(builder, wa_, ub, 128 * h)
-                _st(builder, wb_, ub, 128 * h + 64)
-            return []
-
-        _loop(builder, _i64(context, builder, ns, st[2]), body, [])
-        return context.get_dummy_value()
-
-    return sig, codegen
+@nb.njit(cache=True, nogil=True, inline="always")
+def q2k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
+    """As q6k_row_dot2 for Q2_K rows."""
+    _q2k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -472,6 +541,18 @@ def q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     [16·nsb] and biases c = -32·s, from element offsets uoff, soff, coff:
     w_e = s[e//16] · u_e + c[e//16]."""
     _q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q3k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
+    """As q6k_decode_row for a Q3_K row: u = q + 4 (0..7), c = -4·s."""
+    _q3k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def q2k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
+    """As q6k_decode_row for a Q2_K row: u = q (0..3), s = d·scale, c = -dmin·min."""
+    _q2k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
 
 # ------------------------------------------------------------------------------- gemm tile

@@ -7,11 +7,13 @@ Weights become unsigned bytes u with per-32 (or per-16) float scales s and biase
 w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
-- Q4_K, Q5_K, Q6_K: gemv = kquant_simd's row dots (quants unpacked in registers, per-lane
-  scales); gemm = rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot_*
+- Q2_K .. Q6_K: gemv = kquant_simd's two-row dots (quants unpacked in registers, exact int32
+  block sums); gemm = rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot_*
   per 4 rows × 16-token tile. Q4_K / Q6_K carry the default model's layers.
-- Q2_K, Q3_K, IQ4_XS: scalar superblock decoders (kquant_decode.py) with one shared gemv
-  (decode per superblock, int32 dot per 32-block) and the same tiled gemm as above.
+- IQ4_XS: a scalar superblock decoder (kquant_decode.py) with its own gemv (decode per
+  superblock, int32 dot per 32-block) and the same tiled gemm as above.
+Every type's gemv and gemm compute the same float operations in the same order per (row, token)
+(see kquant_simd), so a token's output never depends on its batch (batch invariance).
 """
 
 import numba as nb
@@ -19,10 +21,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.kquant_decode import (
-    BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, Q2_K, Q3_K, QK_K, decode_superblock,
+    BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, QK_K, decode_superblock,
 )
 from edged.backends.cpu.kquant_simd import (
-    TILE_ROWS, TOKENS, q4k_decode_row, q4k_row_dot2, q5k_decode_row, q5k_row_dot2, q6k_decode_row, q6k_row_dot2,
+    TILE_ROWS, TOKENS, q2k_decode_row, q2k_row_dot2, q3k_decode_row, q3k_row_dot2, q4k_decode_row, q4k_row_dot2,
+    q5k_decode_row, q5k_row_dot2, q6k_decode_row, q6k_row_dot2,
     tile_dot_s16_b16, tile_dot_s32_b16, tile_dot_s32_b32,
 )
 
@@ -36,7 +39,7 @@ _GEMM_TASKS = 64
 _TILE_BYTES = 256 * 1024
 
 # gemm decode kinds (run-time branches in one compiled row kernel)
-_KIND_Q4K, _KIND_Q6K, _KIND_OTHER, _KIND_Q5K = 0, 1, 2, 3
+_KIND_Q4K, _KIND_Q6K, _KIND_OTHER, _KIND_Q5K, _KIND_Q3K, _KIND_Q2K = 0, 1, 2, 3, 4, 5
 
 
 # ------------------------------------------------------------------------------- gemv
@@ -79,27 +82,52 @@ def gemv_q5_k(w, xq, xd, xs, y):
                 q5k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
 
 
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_q6_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q6_K rows, one row dot per (row, token); meant for small n."""
+@nb.njit(cache=True, nogil=True, inline="always")
+def _gemv16(w, xq, xd, xs, y, kind):
+    """y[n, m] = x @ W.T for a per-16-scale type (Q6_K, Q3_K, Q2_K; `kind` a constant at each
+    call site, so each kernel keeps one row dot), two rows per row-dot call."""
     m, rb = w.shape
     n, k = xq.shape
     n16 = k // 16
     xd16 = np.empty((n, n16), np.float32)  # [n, k/16] activation scale of each 16-half
-    xs16 = np.empty((n, n16), np.float32)  # [n, k/16] scale × sum of the half (for the -32 offset)
+    xs16 = np.empty((n, n16), np.float32)  # [n, k/16] scale × sum of the half (bias term)
     for t in range(n):
         for h in range(n16):
-            s = np.int32(0)
-            for l in range(16):
-                s = np.int32(s + np.int32(xq[t, 16 * h + l]))
             d = xd[t, h // 2]
+            lo = np.int32(0)
+            for l in range(16):
+                lo = np.int32(lo + np.int32(xq[t, 16 * (h & ~1) + l]))
+            # the same float ops as _prepare_tiles: d·lo and d·(block sum - lo)
             xd16[t, h] = d
-            xs16[t, h] = d * np.float32(s)
+            xs16[t, h] = d * np.float32(lo) if h % 2 == 0 else d * np.float32(xs[t, h // 2] - lo)
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             for t in range(n):
-                q6k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
+                if kind == _KIND_Q6K:
+                    q6k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
+                elif kind == _KIND_Q3K:
+                    q3k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
+                else:
+                    q2k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_q6_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q6_K rows; meant for small n."""
+    _gemv16(w, xq, xd, xs, y, _KIND_Q6K)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_q3_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q3_K rows; meant for small n."""
+    _gemv16(w, xq, xd, xs, y, _KIND_Q3K)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_q2_k(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for Q2_K rows; meant for small n."""
+    _gemv16(w, xq, xd, xs, y, _KIND_Q2K)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -112,7 +140,7 @@ def _dot32(a, ao, x, xo):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for Q2_K/Q3_K/IQ4_XS rows of type code qt: per row and token, decode
+    """y[n, m] = x @ W.T for IQ4_XS rows (type code qt): per row and token, decode
     each superblock, then one int32 dot per 32-block. Meant for small n."""
     m = w.shape[0]
     n, k = xq.shape
@@ -195,7 +223,7 @@ def _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _decode_row_other(qt, row, u, s, c, q, ws, wm, levels):
-    """Q2_K/Q3_K/IQ4_XS row -> u uint8 [k], s float32 [k/32], c float32 [k/32 · 2] (per 16)."""
+    """IQ4_XS row -> u uint8 [k], s float32 [k/32], c float32 [k/32 · 2] (per 16)."""
     nsb = u.shape[0] // QK_K
     bb = BLOCK_BYTES[qt]
     for i in range(nsb):
@@ -217,7 +245,8 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
     nblk = xdt.shape[1] // TOKENS
     k = nblk * 32
     nsb = k // QK_K
-    ns = 2 * nblk if kind == _KIND_Q6K else nblk  # scales per row
+    s16 = kind == _KIND_Q6K or kind == _KIND_Q3K or kind == _KIND_Q2K
+    ns = 2 * nblk if s16 else nblk  # scales per row
     b32 = kind == _KIND_Q4K or kind == _KIND_Q5K
     nc = nblk if b32 else 2 * nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
@@ -241,6 +270,10 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
                     q5k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 elif kind == _KIND_Q6K:
                     q6k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
+                elif kind == _KIND_Q3K:
+                    q3k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
+                elif kind == _KIND_Q2K:
+                    q2k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 else:
                     _decode_row_other(qt, w[r0 + i], u[i * k:(i + 1) * k], s[i * ns:], c[i * nc:], q, ws, wm, levels)
             for tile in range(ntile):
@@ -249,7 +282,7 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
                 xdo = tile * nblk * TOKENS
                 if b32:
                     tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
-                elif kind == _KIND_Q6K:
+                elif s16:
                     tile_dot_s16_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
                 else:
                     tile_dot_s32_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
@@ -263,7 +296,7 @@ def _gemm(kind, qt, levels, w, xq, xd, xs, y):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows."""
     n, k = xq.shape
     nblk = k // 32
-    bias16 = kind == _KIND_Q6K or kind == _KIND_OTHER
+    bias16 = not (kind == _KIND_Q4K or kind == _KIND_Q5K)
     nb_ = 2 if bias16 else 1
     per_pass = max(1, _TILE_BYTES // (TOKENS * k)) * TOKENS
     for n0 in range(0, n, per_pass):
@@ -312,12 +345,14 @@ def _gemm_for(qtype, kind: int, code: int = 0) -> TypedKernel:
     return TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, kind, code, IQ4_LEVELS_U8)
 
 
-_OTHER = {T.Q2_K: Q2_K, T.Q3_K: Q3_K, T.IQ4_XS: IQ4_XS}
+_OTHER = {T.IQ4_XS: IQ4_XS}
 
 KERNELS = {
     T.Q4_K: (gemv_q4_k, _gemm_for(T.Q4_K, _KIND_Q4K)),
     T.Q5_K: (gemv_q5_k, _gemm_for(T.Q5_K, _KIND_Q5K)),
     T.Q6_K: (gemv_q6_k, _gemm_for(T.Q6_K, _KIND_Q6K)),
+    T.Q3_K: (gemv_q3_k, _gemm_for(T.Q3_K, _KIND_Q3K)),
+    T.Q2_K: (gemv_q2_k, _gemm_for(T.Q2_K, _KIND_Q2K)),
     **{
         qtype: (
             TypedKernel(f"gemv_{qtype.name.lower()}", gemv_kquant, code, IQ4_LEVELS_U8),

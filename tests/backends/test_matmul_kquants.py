@@ -83,7 +83,7 @@ def test_gemm_multiple_passes_and_partial_tiles():
     m = 7 leaves a partial group of rows."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((130, 2048)).astype(np.float32)
-    for qtype in (T.Q4_K, T.Q6_K, T.Q5_K):
+    for qtype in (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.IQ4_XS):
         w = random_qtensor(qtype, 7, 2048, seed=3)
         ref = x @ reference_dequantize(w).T
         err = _rel_err(_run(mk.KERNELS[qtype][1], w, x), ref)
@@ -129,16 +129,17 @@ def test_vector_paths(use_vnni):
         x = rng.standard_normal((17, 512)).astype(np.float32)
         rows_kernel = _fresh(mk._gemm_rows)
         for qtype, gemv, kind in ((T.Q4_K, mk.gemv_q4_k, mk._KIND_Q4K), (T.Q5_K, mk.gemv_q5_k, mk._KIND_Q5K),
-                                  (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K)):
+                                  (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K), (T.Q3_K, mk.gemv_q3_k, mk._KIND_Q3K),
+                                  (T.Q2_K, mk.gemv_q2_k, mk._KIND_Q2K)):
             w = random_qtensor(qtype, 7, 512, seed=9)
             ref = x @ reference_dequantize(w).T
             fresh = _fresh(gemv)
             assert _rel_err(_run(fresh, w, x), ref) < REL_ERR[qtype]
             assert _rel_err(_tiled_gemm(rows_kernel, kind, 0, w, x), ref) < REL_ERR[qtype]
             assert ("vpdpbusd" in fresh.inspect_asm(fresh.signatures[0])) == use_vnni
-        w = random_qtensor(T.Q3_K, 7, 512, seed=9)  # the shared tile dot of the other types
-        y = _tiled_gemm(rows_kernel, mk._KIND_OTHER, mk.Q3_K, w, x)
-        assert _rel_err(y, x @ reference_dequantize(w).T) < REL_ERR[T.Q3_K]
+        w = random_qtensor(T.IQ4_XS, 7, 512, seed=9)  # the scalar-decoded type's tile dot
+        y = _tiled_gemm(rows_kernel, mk._KIND_OTHER, mk.IQ4_XS, w, x)
+        assert _rel_err(y, x @ reference_dequantize(w).T) < REL_ERR[T.IQ4_XS]
         assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
     finally:
         kquant_simd.USE_VNNI, kquant_simd.USE_F16C = saved
