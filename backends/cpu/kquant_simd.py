@@ -1,13 +1,13 @@
-"""Hand-written vector code (LLVM IR intrinsics) for the Q4_K, Q5_K and Q6_K matmul kernels.
+"""Hand-written vector code (LLVM IR intrinsics) for the K-quant (Q2_K .. Q6_K) and IQ4_XS matmuls.
 
 LLVM does not find a good schedule for K-quant superblocks on its own (nibble unpacking, per-32
 scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte vectors:
 
-- gemv (one token): `q4k_row_dot2` / `q5k_row_dot2` / `q6k_row_dot2` compute two rows' dots
+- gemv (one token): `<type>_row_dot2` compute two rows' dots
   with one token's int8 activations. Weight quants are unpacked in registers (never stored) and multiplied
   as unsigned bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the int32
   lanes are summed exactly into per-block dots, then scaled and summed in the canonical order.
-- gemm (16-token tiles): `q4k_decode_row` / `q5k_decode_row` / `q6k_decode_row` unpack one row once into unsigned
+- gemm (16-token tiles): `<type>_decode_row` unpack one row once into unsigned
   bytes u [k] and float scales / biases; `tile_dot_*` multiply TILE_ROWS such rows by a 16-token
   tile of 4-interleaved activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight
   words, 16 tokens in the lanes of one vector, no horizontal sums; each activation vector load
@@ -186,7 +186,7 @@ def _i64(context, builder, val, ty):
     return context.cast(builder, val, ty, types.int64)
 
 
-# ------------------------------------------------------------------------------- Q4_K / Q5_K
+# ------------------------------------------------------------------------------- Q4_K, Q5_K, IQ4_XS (per-32 scales)
 
 
 Q4K_BYTES = 144  # d f16 | dmin f16 | scales[12] | qs[128]
@@ -197,7 +197,7 @@ Q2K_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
 
 
 def _q4k_scales(builder, bp):
-    """(d · scale[0:8], dmin · min[0:8]) as float32 vectors of 8, from one Q4_K block at i8* bp.
+    """(d · scale[0:8], -dmin · min[0:8]) as float32 vectors of 8, from one Q4_K/Q5_K block at bp.
 
     The 12-byte field packs eight 6-bit (scale, min) pairs: pairs 0-3 in the low 6 bits of bytes
     0-3 / 4-7, pairs 4-7 as nibbles of bytes 8-11 plus the top 2 bits of bytes 0-3 / 4-7."""
@@ -218,7 +218,7 @@ def _q4k_scales(builder, bp):
     b16 = builder.bitcast(words, _V16I8)
     sc = builder.uitofp(builder.zext(_shuf(builder, b16, range(8)), _V8I32), _V8F)
     mn = builder.uitofp(builder.zext(_shuf(builder, b16, range(8, 16)), _V8I32), _V8F)
-    return builder.fmul(sc, _splat(builder, d, _V8F)), builder.fmul(mn, _splat(builder, dmin, _V8F))
+    return builder.fmul(sc, _splat(builder, d, _V8F)), builder.fmul(mn, _splat(builder, builder.fneg(dmin), _V8F))
 
 
 def _q4k_nibbles(builder, bp, j, q5):
@@ -234,8 +234,58 @@ def _q4k_nibbles(builder, bp, j, q5):
     return v
 
 
-def _make_q4k_row_dot(q5: bool):
-    bbytes = Q5K_BYTES if q5 else Q4K_BYTES
+def _q4k_quants(builder, bp, j):
+    return _q4k_nibbles(builder, bp, j, False)
+
+
+def _q5k_quants(builder, bp, j):
+    return _q4k_nibbles(builder, bp, j, True)
+
+
+IQ4XS_BYTES = 136  # d f16 | scales_h u16 | scales_l[4] | qs[128]
+# IQ4_NL/IQ4_XS non-linear levels + 128 (unsigned bytes)
+_IQ4_LEVELS_U8 = [v + 128 for v in (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)]
+
+
+def _lut16(builder, idx):
+    """_IQ4_LEVELS_U8[idx] for a 64 x i8 vector of indices 0..15: vpshufb on AVX-512 hosts (the
+    VNNI ones), a chain of 16 selects elsewhere."""
+    if USE_VNNI:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V64I8, [_V64I8, _V64I8]), "llvm.x86.avx512.pshuf.b.512")
+        return builder.call(fn, [_const(_V64I8, _IQ4_LEVELS_U8 * 4), idx])
+    out = _const(_V64I8, _IQ4_LEVELS_U8[0])
+    for i in range(1, 16):
+        out = builder.select(builder.icmp_unsigned("==", idx, _const(_V64I8, i)), _const(_V64I8, _IQ4_LEVELS_U8[i]), out)
+    return out
+
+
+def _iq4xs_quants(builder, bp, j):
+    """64 unsigned weights (codebook level + 128) of 32-blocks 2j, 2j+1: block b's 16 bytes
+    qs[16b : 16b+16] give elements 0-15 (low nibbles) then 16-31 (high nibbles)."""
+    v = _ld(builder, bp, 8 + 32 * j, _V32I8)
+    v = _shuf(builder, v, list(range(16)) * 2 + list(range(16, 32)) * 2)
+    nib = builder.and_(_lshr8(builder, v, ([0] * 8 + [4] * 8) * 2), _const(_V64I8, 0x0F))
+    return _lut16(builder, nib)
+
+
+def _iq4xs_scales(builder, bp):
+    """(s, c) float32 [8]: s_b = d · (6-bit scale - 32), low 4 bits from nibble b of bytes 4-7,
+    top 2 from bits 2b of the u16 at byte 2; c = -128 · s (the levels' +128 shift)."""
+    d = _f16(builder, _ld(builder, bp, 0, _I16))
+    sl = _splat(builder, _ld(builder, bp, 4, _I32), _V8I32)
+    sh = _splat(builder, builder.zext(_ld(builder, bp, 2, _I16), _I32), _V8I32)
+    lo = builder.and_(builder.lshr(sl, _const(_V8I32, [4 * b for b in range(8)])), _const(_V8I32, 0x0F))
+    hi = builder.and_(builder.lshr(sh, _const(_V8I32, [2 * b for b in range(8)])), _const(_V8I32, 3))
+    ls = builder.sub(builder.or_(lo, builder.shl(hi, _const(_V8I32, 4))), _const(_V8I32, 32))
+    s8 = builder.fmul(builder.sitofp(ls, _V8F), _splat(builder, d, _V8F))
+    return s8, builder.fmul(s8, _splat(builder, ir.Constant(_F32, -128.0), _V8F))
+
+
+def _make_k32_row_dot(bbytes, quants, scales):
+    """Two-row gemv intrinsic of a type with per-32 scales and biases: quants(builder, bp, j) gives
+    the unsigned weights of 64-element chunk j of the block at i8* bp, scales(builder, bp) the
+    per-32 (s, c) float32 [8] with w_e = s · u_e + c."""
 
     @intrinsic
     def _row_dot(typingctx, w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
@@ -261,13 +311,13 @@ def _make_q4k_row_dot(q5: bool):
                 new = []
                 for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
                     bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
-                    ws, wm = _q4k_scales(builder, bp)
-                    d = [_dpbusd(builder, ir.Constant(_V16I32, None), _q4k_nibbles(builder, bp, j, q5), xv[j])
+                    ws, c8 = scales(builder, bp)
+                    d = [_dpbusd(builder, ir.Constant(_V16I32, None), quants(builder, bp, j), xv[j])
                          for j in range(4)]
                     sums = builder.sitofp(_group_sums(builder, d, 3), _V8F)  # [8] exact block dots
-                    # the gemm's per-block term, op for op: S·(xd·s) + c·(xd·xs) with c = -dmin·min
+                    # tile_dot_s32_b32's block term, op for op: S·(xd·s) + c·(xd·xs)
                     v = builder.fmul(sums, builder.fmul(xd8, ws))
-                    w8 = builder.fadd(v, builder.fmul(builder.fneg(wm), xm8))
+                    w8 = builder.fadd(v, builder.fmul(c8, xm8))
                     new.append(builder.fadd(acc[r], _tree8(builder, w8)))
                 return new
 
@@ -282,8 +332,9 @@ def _make_q4k_row_dot(q5: bool):
     return _row_dot
 
 
-_q4k_row_dot = _make_q4k_row_dot(False)
-_q5k_row_dot = _make_q4k_row_dot(True)
+_q4k_row_dot = _make_k32_row_dot(Q4K_BYTES, _q4k_quants, _q4k_scales)
+_q5k_row_dot = _make_k32_row_dot(Q5K_BYTES, _q5k_quants, _q4k_scales)
+_iq4xs_row_dot = _make_k32_row_dot(IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scales)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -301,8 +352,14 @@ def q5k_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
     _q5k_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
 
 
-def _make_q4k_decode_row(q5: bool):
-    bbytes = Q5K_BYTES if q5 else Q4K_BYTES
+@nb.njit(cache=True, nogil=True, inline="always")
+def iq4xs_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
+    """As q4k_row_dot2 for IQ4_XS rows."""
+    _iq4xs_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
+
+
+def _make_k32_decode_row(bbytes, quants, scales):
+    """Row-decode intrinsic of a per-32 type (see _make_k32_row_dot) into (u, s, c)."""
 
     @intrinsic
     def _decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
@@ -321,11 +378,11 @@ def _make_q4k_decode_row(q5: bool):
                 bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
                 ub = builder.gep(up, [builder.mul(i, ir.Constant(_I64, 256))])
                 fo = builder.mul(i, ir.Constant(_I64, 32))
-                ws, wm = _q4k_scales(builder, bp)
+                ws, c8 = scales(builder, bp)
                 _st(builder, ws, sp, fo)
-                _st(builder, builder.fneg(wm), cp, fo)
+                _st(builder, c8, cp, fo)
                 for j in range(4):
-                    _st(builder, _q4k_nibbles(builder, bp, j, q5), ub, 64 * j)
+                    _st(builder, quants(builder, bp, j), ub, 64 * j)
                 return []
 
             _loop(builder, _i64(context, builder, ns, st[2]), body, [])
@@ -336,8 +393,9 @@ def _make_q4k_decode_row(q5: bool):
     return _decode_row
 
 
-_q4k_decode_row = _make_q4k_decode_row(False)
-_q5k_decode_row = _make_q4k_decode_row(True)
+_q4k_decode_row = _make_k32_decode_row(Q4K_BYTES, _q4k_quants, _q4k_scales)
+_q5k_decode_row = _make_k32_decode_row(Q5K_BYTES, _q5k_quants, _q4k_scales)
+_iq4xs_decode_row = _make_k32_decode_row(IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scales)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -352,6 +410,12 @@ def q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
 def q5k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     """As q4k_decode_row for a Q5_K row (u holds 5-bit values)."""
     _q5k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def iq4xs_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
+    """As q4k_decode_row for an IQ4_XS row: u = codebook level + 128, c = -128·s."""
+    _iq4xs_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
 
 # ------------------------------------------------------------------------------- Q6_K, Q3_K, Q2_K (per-16 scales)
@@ -646,7 +710,6 @@ def _make_tile_dot(scale16: bool, bias16: bool):
 
 
 _tile_dot_s32_b32 = _make_tile_dot(False, False)
-_tile_dot_s32_b16 = _make_tile_dot(False, True)
 _tile_dot_s16_b16 = _make_tile_dot(True, True)
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -666,19 +729,11 @@ def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                     nblk, out, ooff):
-    """As tile_dot_s32_b32 with per-16 biases: c_r float32 [nblk][2] and xbt float32 [nblk][2][16]
-    (scale × sums of elements 0-15 and 16-31 of each block); the bias part of w_b is
-    c_r[b,0] · xbt[b,0,t] + c_r[b,1] · xbt[b,1,t]."""
-    _tile_dot_s32_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                      nblk, out, ooff)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
-    """As tile_dot_s32_b16 with per-16 weight scales too: s_r float32 [nblk][2], and the scale part
-    of w_b is float(lo) · (xdt · s_r[b,0]) + float(hi) · (xdt · s_r[b,1]) over elements 0-15 / 16-31."""
+    """As tile_dot_s32_b32 with per-16 scales and biases: s_r, c_r float32 [nblk][2] and xbt float32
+    [nblk][2][16] (scale × sums of elements 0-15 and 16-31 of each block), and the block term
+        w_b = (float(lo) · (xdt · s_r[b,0]) + float(hi) · (xdt · s_r[b,1]))
+              + (c_r[b,0] · xbt[b,0,t] + c_r[b,1] · xbt[b,1,t])."""
     _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)

@@ -7,11 +7,12 @@ Weights become unsigned bytes u with per-32 (or per-16) float scales s and biase
 w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
-- Q2_K .. Q6_K: gemv = kquant_simd's two-row dots (quants unpacked in registers, exact int32
-  block sums); gemm = rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot_*
-  per 4 rows × 16-token tile. Q4_K / Q6_K carry the default model's layers.
-- IQ4_XS: a scalar superblock decoder (kquant_decode.py) with its own gemv (decode per
-  superblock, int32 dot per 32-block) and the same tiled gemm as above.
+- gemv (n small): kquant_simd's two-row dots (quants unpacked in registers, exact int32 block
+  sums), one call per pair of rows and token.
+- gemm (n > 1): rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot_* per
+  4 rows × 16-token tile of 4-interleaved activations. One compiled gemm serves every type.
+Per-32-scale types (Q4_K, Q5_K, IQ4_XS) and per-16 ones (Q2_K, Q3_K, Q6_K) differ only in the
+kquant_simd decoders; Q4_K / Q6_K carry the default model's layers.
 Every type's gemv and gemm compute the same float operations in the same order per (row, token)
 (see kquant_simd), so a token's output never depends on its batch (batch invariance).
 """
@@ -20,16 +21,13 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.kquant_decode import (
-    BLOCK_BYTES, IQ4_LEVELS_U8, IQ4_XS, NBLK, QK_K, decode_superblock,
-)
 from edged.backends.cpu.kquant_simd import (
-    TILE_ROWS, TOKENS, q2k_decode_row, q2k_row_dot2, q3k_decode_row, q3k_row_dot2, q4k_decode_row, q4k_row_dot2,
-    q5k_decode_row, q5k_row_dot2, q6k_decode_row, q6k_row_dot2,
-    tile_dot_s16_b16, tile_dot_s32_b16, tile_dot_s32_b32,
+    TILE_ROWS, TOKENS, iq4xs_decode_row, iq4xs_row_dot2, q2k_decode_row, q2k_row_dot2, q3k_decode_row,
+    q3k_row_dot2, q4k_decode_row, q4k_row_dot2, q5k_decode_row, q5k_row_dot2, q6k_decode_row, q6k_row_dot2,
+    tile_dot_s16_b16, tile_dot_s32_b32,
 )
 
-_U = np.uint64
+QK_K = 256  # elements per superblock
 GEMV_ROWS = 16  # rows per prange task in the gemv kernels
 GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied together per tile
 # prange steps of the gemm row loop; each allocates its scratch once (a fixed count: asking for the
@@ -39,7 +37,7 @@ _GEMM_TASKS = 64
 _TILE_BYTES = 256 * 1024
 
 # gemm decode kinds (run-time branches in one compiled row kernel)
-_KIND_Q4K, _KIND_Q6K, _KIND_OTHER, _KIND_Q5K, _KIND_Q3K, _KIND_Q2K = 0, 1, 2, 3, 4, 5
+_KIND_Q4K, _KIND_Q6K, _KIND_IQ4XS, _KIND_Q5K, _KIND_Q3K, _KIND_Q2K = 0, 1, 2, 3, 4, 5
 
 
 # ------------------------------------------------------------------------------- gemv
@@ -80,6 +78,19 @@ def gemv_q5_k(w, xq, xd, xs, y):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             for t in range(n):
                 q5k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_iq4_xs(w, xq, xd, xs, y):
+    """y[n, m] = x @ W.T for IQ4_XS rows, two rows per row-dot call; meant for small n."""
+    m, rb = w.shape
+    n, k = xq.shape
+    xm = _block_sums(xd, xs)  # [n, k/32]
+    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
+            for t in range(n):
+                iq4xs_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -130,54 +141,6 @@ def gemv_q2_k(w, xq, xd, xs, y):
     _gemv16(w, xq, xd, xs, y, _KIND_Q2K)
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _dot32(a, ao, x, xo):
-    s = np.int32(0)
-    for l in range(32):
-        s = np.int32(s + np.int32(a[ao + _U(l)]) * np.int32(x[xo + _U(l)]))
-    return np.float32(s)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_kquant(w, xq, xd, xs, y, qt, levels):
-    """y[n, m] = x @ W.T for IQ4_XS rows (type code qt): per row and token, decode
-    each superblock, then one int32 dot per 32-block. Meant for small n."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nsb = k // QK_K
-    bb = BLOCK_BYTES[qt]
-    xlo = np.empty((n, k // 32), np.int32)  # [n, k/32] sums of the first 16 of each block
-    for t in range(n):
-        for b in range(k // 32):
-            s = np.int32(0)
-            for l in range(16):
-                s = np.int32(s + np.int32(xq[t, 32 * b + l]))
-            xlo[t, b] = s
-    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        q = np.empty(QK_K, dtype=np.uint8)
-        ws = np.empty(NBLK, dtype=np.float32)
-        wm = np.empty(2 * NBLK, dtype=np.float32)
-        wb = np.empty(NBLK, dtype=np.float32)  # [8] block terms of one superblock
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
-            row = w[r]
-            for t in range(n):
-                xrow = xq[t]
-                acc = np.float32(0.0)
-                for i in range(nsb):
-                    decode_superblock(qt, row, _U(i * bb), q, ws, wm, levels)
-                    xo = _U(i * QK_K)
-                    for b in range(NBLK):
-                        gb = i * NBLK + b
-                        d = xd[t, gb]
-                        lo = xlo[t, gb]
-                        # tile_dot_s32_b16's block term, op for op (batch invariance)
-                        v = _dot32(q, _U(32 * b), xrow, xo + _U(32 * b)) * (d * ws[b])
-                        bias = (-wm[2 * b]) * (d * np.float32(lo)) + (-wm[2 * b + 1]) * (d * np.float32(xs[t, gb] - lo))
-                        wb[b] = v + bias
-                    acc = acc + (((wb[0] + wb[1]) + (wb[2] + wb[3])) + ((wb[4] + wb[5]) + (wb[6] + wb[7])))
-                y[t, r] = acc
-
-
 # ------------------------------------------------------------------------------- gemm
 
 
@@ -221,23 +184,8 @@ def _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt):
                     xbt[tile, (nb_ * b + q) * TOKENS + t] = 0.0
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _decode_row_other(qt, row, u, s, c, q, ws, wm, levels):
-    """IQ4_XS row -> u uint8 [k], s float32 [k/32], c float32 [k/32 · 2] (per 16)."""
-    nsb = u.shape[0] // QK_K
-    bb = BLOCK_BYTES[qt]
-    for i in range(nsb):
-        decode_superblock(qt, row, _U(i * bb), q, ws, wm, levels)
-        for e in range(QK_K):
-            u[i * QK_K + e] = q[e]
-        for b in range(NBLK):
-            s[i * NBLK + b] = ws[b]
-        for h in range(2 * NBLK):
-            c[2 * i * NBLK + h] = -wm[h]
-
-
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
+def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
     """y[n0 : n0 + n_live, :] for prepared tiles; `kind` picks the row decoder and tile dot at run
     time (one compiled kernel for every type; the branches are per row and per tile)."""
     m, rb = w.shape
@@ -247,8 +195,7 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
     nsb = k // QK_K
     s16 = kind == _KIND_Q6K or kind == _KIND_Q3K or kind == _KIND_Q2K
     ns = 2 * nblk if s16 else nblk  # scales per row
-    b32 = kind == _KIND_Q4K or kind == _KIND_Q5K
-    nc = nblk if b32 else 2 * nblk  # biases per row
+    nc = 2 * nblk if s16 else nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
     n_tasks = min(n_groups, _GEMM_TASKS)
     for task in nb.prange(n_tasks):
@@ -257,9 +204,6 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
         s = np.zeros(GEMM_ROWS * ns, np.float32)  # [rows, ns]
         c = np.zeros(GEMM_ROWS * nc, np.float32)  # [rows, nc]
         acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, 16] rows × one tile
-        q = np.empty(QK_K, np.uint8)
-        ws = np.empty(NBLK, np.float32)
-        wm = np.empty(2 * NBLK, np.float32)
         for grp in range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks):
             r0 = grp * GEMM_ROWS
             nr = min(m - r0, GEMM_ROWS)
@@ -275,28 +219,26 @@ def _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y):
                 elif kind == _KIND_Q2K:
                     q2k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 else:
-                    _decode_row_other(qt, w[r0 + i], u[i * k:(i + 1) * k], s[i * ns:], c[i * nc:], q, ws, wm, levels)
+                    iq4xs_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
             for tile in range(ntile):
                 live = min(TOKENS, n_live - tile * TOKENS)
                 xo = tile * nblk * 512
                 xdo = tile * nblk * TOKENS
-                if b32:
-                    tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
-                elif s16:
+                if s16:
                     tile_dot_s16_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
                 else:
-                    tile_dot_s32_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
+                    tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
                 for i in range(nr):
                     for t in range(live):
                         y[n0 + tile * TOKENS + t, r0 + i] = acc[i * TOKENS + t]
 
 
 @nb.njit(cache=True, nogil=True)
-def _gemm(kind, qt, levels, w, xq, xd, xs, y):
+def _gemm(kind, w, xq, xd, xs, y):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows."""
     n, k = xq.shape
     nblk = k // 32
-    bias16 = not (kind == _KIND_Q4K or kind == _KIND_Q5K)
+    bias16 = kind == _KIND_Q6K or kind == _KIND_Q3K or kind == _KIND_Q2K
     nb_ = 2 if bias16 else 1
     per_pass = max(1, _TILE_BYTES // (TOKENS * k)) * TOKENS
     for n0 in range(0, n, per_pass):
@@ -306,15 +248,15 @@ def _gemm(kind, qt, levels, w, xq, xd, xs, y):
         xdt = np.empty((ntile, nblk * TOKENS), np.float32)  # [ntile, k/32 · 16]
         xbt = np.empty((ntile, nb_ * nblk * TOKENS), np.float32)  # [ntile, k/32 · (1|2) · 16]
         _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt)
-        _gemm_rows(kind, qt, levels, w, n0, n_live, xi, xdt, xbt, y)
+        _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y)
 
 
 @nb.njit(cache=True, nogil=True)
-def gemm_kquant(w, xq, xd, xs, y, kind, qt, levels):
-    """y[n, m] = x @ W.T tiled over 16 tokens (for n > 1), for every type: `kind` picks the row
-    decoder (_KIND_*; qt is the kquant_decode type code for _KIND_OTHER). One compiled kernel for
-    all types: Numba re-optimizes a callee into each caller, so per-type wrappers cost ~10 s each."""
-    _gemm(kind, qt, levels, w, xq, xd, xs, y)
+def gemm_kquant(w, xq, xd, xs, y, kind):
+    """y[n, m] = x @ W.T tiled over 16 tokens (for n > 1), for every type: `kind` (_KIND_*) picks
+    the row decoder. One compiled kernel for all types: Numba re-optimizes a callee into each
+    caller, so per-type njit wrappers would cost ~10 s of compile each."""
+    _gemm(kind, w, xq, xd, xs, y)
 
 
 class TypedKernel:
@@ -341,23 +283,15 @@ class TypedKernel:
         return f"<TypedKernel {self.__name__}>"
 
 
-def _gemm_for(qtype, kind: int, code: int = 0) -> TypedKernel:
-    return TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, kind, code, IQ4_LEVELS_U8)
+def _gemm_for(qtype, kind: int) -> TypedKernel:
+    return TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, kind)
 
-
-_OTHER = {T.IQ4_XS: IQ4_XS}
 
 KERNELS = {
+    T.Q2_K: (gemv_q2_k, _gemm_for(T.Q2_K, _KIND_Q2K)),
+    T.Q3_K: (gemv_q3_k, _gemm_for(T.Q3_K, _KIND_Q3K)),
     T.Q4_K: (gemv_q4_k, _gemm_for(T.Q4_K, _KIND_Q4K)),
     T.Q5_K: (gemv_q5_k, _gemm_for(T.Q5_K, _KIND_Q5K)),
     T.Q6_K: (gemv_q6_k, _gemm_for(T.Q6_K, _KIND_Q6K)),
-    T.Q3_K: (gemv_q3_k, _gemm_for(T.Q3_K, _KIND_Q3K)),
-    T.Q2_K: (gemv_q2_k, _gemm_for(T.Q2_K, _KIND_Q2K)),
-    **{
-        qtype: (
-            TypedKernel(f"gemv_{qtype.name.lower()}", gemv_kquant, code, IQ4_LEVELS_U8),
-            _gemm_for(qtype, _KIND_OTHER, code),
-        )
-        for qtype, code in _OTHER.items()
-    },
+    T.IQ4_XS: (gemv_iq4_xs, _gemm_for(T.IQ4_XS, _KIND_IQ4XS)),
 }

@@ -98,17 +98,17 @@ def _fresh(fn):
     return nb.njit(parallel=fn.targetoptions.get("parallel", False), nogil=True, fastmath=False)(fn.py_func)
 
 
-def _tiled_gemm(rows_kernel, kind, qt, w, x):
+def _tiled_gemm(rows_kernel, kind, w, x):
     """y = x @ W.T through _prepare_tiles and the given (fresh) _gemm_rows copy; n <= 128."""
     xq, xd, xs = quantize_activations(x)
     n, k = x.shape
-    ntile, nblk, nb_ = (n + 15) // 16, k // 32, (1 if kind in (mk._KIND_Q4K, mk._KIND_Q5K) else 2)
+    ntile, nblk, nb_ = (n + 15) // 16, k // 32, (1 if kind in (mk._KIND_Q4K, mk._KIND_Q5K, mk._KIND_IQ4XS) else 2)
     xi = np.empty((ntile, nblk * 512), np.int8)
     xdt = np.empty((ntile, nblk * 16), np.float32)
     xbt = np.empty((ntile, nb_ * nblk * 16), np.float32)
     mk._prepare_tiles(xq, xd, xs, 0, nb_ == 2, xi, xdt, xbt)
     y = np.full((n, w.n_rows), np.nan, np.float32)
-    rows_kernel(kind, qt, mk.IQ4_LEVELS_U8, w.rows(), 0, n, xi, xdt, xbt, y)
+    rows_kernel(kind, w.rows(), 0, n, xi, xdt, xbt, y)
     return y
 
 
@@ -130,16 +130,13 @@ def test_vector_paths(use_vnni):
         rows_kernel = _fresh(mk._gemm_rows)
         for qtype, gemv, kind in ((T.Q4_K, mk.gemv_q4_k, mk._KIND_Q4K), (T.Q5_K, mk.gemv_q5_k, mk._KIND_Q5K),
                                   (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K), (T.Q3_K, mk.gemv_q3_k, mk._KIND_Q3K),
-                                  (T.Q2_K, mk.gemv_q2_k, mk._KIND_Q2K)):
+                                  (T.Q2_K, mk.gemv_q2_k, mk._KIND_Q2K), (T.IQ4_XS, mk.gemv_iq4_xs, mk._KIND_IQ4XS)):
             w = random_qtensor(qtype, 7, 512, seed=9)
             ref = x @ reference_dequantize(w).T
             fresh = _fresh(gemv)
             assert _rel_err(_run(fresh, w, x), ref) < REL_ERR[qtype]
-            assert _rel_err(_tiled_gemm(rows_kernel, kind, 0, w, x), ref) < REL_ERR[qtype]
+            assert _rel_err(_tiled_gemm(rows_kernel, kind, w, x), ref) < REL_ERR[qtype]
             assert ("vpdpbusd" in fresh.inspect_asm(fresh.signatures[0])) == use_vnni
-        w = random_qtensor(T.IQ4_XS, 7, 512, seed=9)  # the scalar-decoded type's tile dot
-        y = _tiled_gemm(rows_kernel, mk._KIND_OTHER, mk.IQ4_XS, w, x)
-        assert _rel_err(y, x @ reference_dequantize(w).T) < REL_ERR[T.IQ4_XS]
         assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
     finally:
         kquant_simd.USE_VNNI, kquant_simd.USE_F16C = saved
