@@ -45,7 +45,8 @@ _KIND_Q4K, _KIND_Q6K, _KIND_IQ4XS, _KIND_Q5K, _KIND_Q3K, _KIND_Q2K = 0, 1, 2, 3,
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _block_sums(xd, xs):
-    """float32 [n, k/32] activation scale × block sum (the Q4_K/Q5_K mins term)."""
+    """float32 [n, k/32] activation scale × block sum (the per-32 bias term), computed exactly as
+    _prepare_tiles does (batch invariance)."""
     n, nblk = xd.shape
     xm = np.empty((n, nblk), np.float32)
     for t in range(n):
@@ -56,7 +57,7 @@ def _block_sums(xd, xs):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_q4_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q4_K rows, one row dot per (row, token); meant for small n."""
+    """y[n, m] = x @ W.T for Q4_K rows, two rows per row-dot call; meant for small n."""
     m, rb = w.shape
     n, k = xq.shape
     xm = _block_sums(xd, xs)  # [n, k/32]
@@ -69,7 +70,7 @@ def gemv_q4_k(w, xq, xd, xs, y):
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_q5_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q5_K rows, one row dot per (row, token); meant for small n."""
+    """y[n, m] = x @ W.T for Q5_K rows, two rows per row-dot call; meant for small n."""
     m, rb = w.shape
     n, k = xq.shape
     xm = _block_sums(xd, xs)  # [n, k/32]
