@@ -8,8 +8,8 @@ Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c
 (c = -offset·d for the symmetric types, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
 int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
-gemv (n small): one row · one token per simd.row_dot call, which decodes the raw blocks in
-registers; IQ4_NL (a codebook lookup) decodes each row once and uses plain Numba block dots. Both
+gemv (n small): one row · all n tokens per simd.rows_dot_tokens call, which decodes each raw
+block in registers once for every token; IQ4_NL (a codebook lookup) decodes each row once and uses plain Numba block dots. Both
 compute gemm's per-block term in gemm's order, so a token's output is bit-identical whichever
 kernel its batch size selects (batch invariance).
 
@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, row_dot, row_tile_dot, row_tile_dot_raw
+from edged.backends.cpu.simd import GROUPS, TOKENS, row_tile_dot, row_tile_dot_raw, rows_dot_tokens
 from edged.quant.f16 import f16_at
 
 QK = 32
@@ -55,40 +55,35 @@ def _scales(row, bsize, off, d):
 def gemv_q8_0(w, xq, xd, xs, y):
     """Q8_0 block: fp16 d, 32 int8 q; w = d·q (read as q ^ 0x80 = q + 128, fixed by -128·Σx)."""
     for r in nb.prange(w.shape[0]):
-        for t in range(xq.shape[0]):
-            y[t, r] = row_dot(w[r], 0, xq[t], xd[t], xs[t])
+        rows_dot_tokens(w[r], 0, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_0(w, xq, xd, xs, y):
     """Q4_0 block: fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31); w = d·(q - 8)."""
     for r in nb.prange(w.shape[0]):
-        for t in range(xq.shape[0]):
-            y[t, r] = row_dot(w[r], 1, xq[t], xd[t], xs[t])
+        rows_dot_tokens(w[r], 1, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_1(w, xq, xd, xs, y):
     """Q4_1 block: fp16 d, fp16 min m, 16 bytes of nibbles; w = d·q + m."""
     for r in nb.prange(w.shape[0]):
-        for t in range(xq.shape[0]):
-            y[t, r] = row_dot(w[r], 2, xq[t], xd[t], xs[t])
+        rows_dot_tokens(w[r], 2, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_0(w, xq, xd, xs, y):
     """Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·(q - 16)."""
     for r in nb.prange(w.shape[0]):
-        for t in range(xq.shape[0]):
-            y[t, r] = row_dot(w[r], 3, xq[t], xd[t], xs[t])
+        rows_dot_tokens(w[r], 3, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_1(w, xq, xd, xs, y):
     """Q5_1 block: fp16 d, fp16 min m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·q + m."""
     for r in nb.prange(w.shape[0]):
-        for t in range(xq.shape[0]):
-            y[t, r] = row_dot(w[r], 4, xq[t], xd[t], xs[t])
+        rows_dot_tokens(w[r], 4, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)

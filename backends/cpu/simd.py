@@ -342,3 +342,78 @@ def row_tile_dot_raw(row, kind, xi, xdt, xst, out):
     """row_tile_dot for one raw row of LAYOUTS[kind] blocks (kind a compile-time constant): the
     blocks and their fp16 scales are decoded in registers, so the row needs no decode pass."""
     _row_tile_dot_raw(row, kind, xi, xdt, xst, out)
+
+
+@intrinsic
+def _rows_dot_tokens(typingctx, row, kind, xq, xd, xs, y, r):
+    """y[t, r] = row_dot(row, kind, xq[t], xd[t], xs[t]) for every token t, decoding each weight
+    block once for all tokens (weight-stationary small-batch gemv); same float order per token."""
+    ok = (
+        isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
+        and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
+        and isinstance(xq, types.Array) and xq.dtype == types.int8 and xq.ndim == 2
+        and isinstance(xd, types.Array) and xd.dtype == types.float32 and xd.ndim == 2
+        and isinstance(xs, types.Array) and xs.dtype == types.int32 and xs.ndim == 2
+        and isinstance(y, types.Array) and y.dtype == types.float32 and y.ndim == 2
+        and isinstance(r, types.Integer)
+    )
+    if not ok:
+        return None
+    layout = LAYOUTS[kind.literal_value]
+    sig = types.void(row, kind, xq, xd, xs, y, r)
+
+    def codegen(context, builder, signature, args):
+        ra, _, xa, xda, xsa, ya, ri = args
+        at = signature.args
+        f32 = ir.FloatType()
+        half = ir.HalfType()
+        i64 = ir.IntType(64)
+        xarr = context.make_array(at[2])(context, builder, xa)
+        n = builder.extract_value(xarr.shape, 0)
+        k = builder.extract_value(xarr.shape, 1)
+        nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 1)
+        yarr = context.make_array(at[5])(context, builder, ya)
+        m = builder.extract_value(yarr.shape, 1)
+        rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(i64, 0))
+        xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(i64, 0))
+        xdp = _f32_ptr(context, builder, at[3], xda)
+        xsp = builder.bitcast(context.make_array(at[4])(context, builder, xsa).data, _I32.as_pointer())
+        yp = builder.bitcast(yarr.data, f32.as_pointer())
+        r64 = context.cast(builder, ri, at[6], types.intp)
+        size, _, _, moff, _, cfix = layout
+        v8i32 = ir.VectorType(_I32, 8)
+        reduce_add = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_I32, [v8i32]), "llvm.vector.reduce.add.v8i32")
+        with cgutils.for_range(builder, n) as tl:  # y[t, r] = 0 for every token
+            builder.store(ir.Constant(f32, 0.0), builder.gep(yp, [builder.add(builder.mul(tl.index, m), r64)]))
+
+        def f16(blk, off):
+            p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
+            return builder.fpext(builder.load(p, align=1), f32)
+
+        with cgutils.for_range(builder, nblk) as loop:
+            b = loop.index
+            blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
+            u = _block_u8(builder, blk, layout)  # decoded once, used by every token
+            d = f16(blk, 0)
+            c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
+            with cgutils.for_range(builder, n) as tl:
+                t = tl.index
+                xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(t, k), builder.mul(b, ir.Constant(b.type, 32)))]), ir.VectorType(_I8, 32).as_pointer()), align=1)
+                sf = builder.sitofp(builder.call(reduce_add, [_dot32(builder, u, xv)]), f32)
+                tb = builder.add(builder.mul(t, nblk), b)
+                xdb = builder.load(builder.gep(xdp, [tb]))
+                xsb = builder.sitofp(builder.load(builder.gep(xsp, [tb])), f32)
+                term = builder.fmul(xdb, builder.fadd(builder.fmul(d, sf), builder.fmul(c, xsb)))
+                yptr = builder.gep(yp, [builder.add(builder.mul(t, m), r64)])
+                builder.store(builder.fadd(builder.load(yptr), term), yptr)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def rows_dot_tokens(row, kind, xq, xd, xs, y, r):
+    """Column r of y [n, m] for one raw weight row and all n tokens of (xq, xd, xs): each block is
+    decoded once for every token; per token bit-identical to row_dot (and so to gemm)."""
+    _rows_dot_tokens(row, kind, xq, xd, xs, y, r)
