@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, row_tile_dot, row_tile_dot_raw, rows_dot_tokens
+from edged.backends.cpu.simd import GROUPS, TOKENS, row_dot, row_tile_dot, row_tile_dot_raw, rows_dot_tokens
 from edged.quant.f16 import f16_at
 
 QK = 32
@@ -54,36 +54,56 @@ def _scales(row, bsize, off, d):
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q8_0(w, xq, xd, xs, y):
     """Q8_0 block: fp16 d, 32 int8 q; w = d·q (read as q ^ 0x80 = q + 128, fixed by -128·Σx)."""
-    for r in nb.prange(w.shape[0]):
-        rows_dot_tokens(w[r], 0, xq, xd, xs, y, r)
+    if xq.shape[0] == 1:  # the accumulator stays in a register
+        for r in nb.prange(w.shape[0]):
+            y[0, r] = row_dot(w[r], 0, xq[0], xd[0], xs[0])
+    else:
+        for r in nb.prange(w.shape[0]):
+            rows_dot_tokens(w[r], 0, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_0(w, xq, xd, xs, y):
     """Q4_0 block: fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31); w = d·(q - 8)."""
-    for r in nb.prange(w.shape[0]):
-        rows_dot_tokens(w[r], 1, xq, xd, xs, y, r)
+    if xq.shape[0] == 1:  # the accumulator stays in a register
+        for r in nb.prange(w.shape[0]):
+            y[0, r] = row_dot(w[r], 1, xq[0], xd[0], xs[0])
+    else:
+        for r in nb.prange(w.shape[0]):
+            rows_dot_tokens(w[r], 1, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_1(w, xq, xd, xs, y):
     """Q4_1 block: fp16 d, fp16 min m, 16 bytes of nibbles; w = d·q + m."""
-    for r in nb.prange(w.shape[0]):
-        rows_dot_tokens(w[r], 2, xq, xd, xs, y, r)
+    if xq.shape[0] == 1:  # the accumulator stays in a register
+        for r in nb.prange(w.shape[0]):
+            y[0, r] = row_dot(w[r], 2, xq[0], xd[0], xs[0])
+    else:
+        for r in nb.prange(w.shape[0]):
+            rows_dot_tokens(w[r], 2, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_0(w, xq, xd, xs, y):
     """Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·(q - 16)."""
-    for r in nb.prange(w.shape[0]):
-        rows_dot_tokens(w[r], 3, xq, xd, xs, y, r)
+    if xq.shape[0] == 1:  # the accumulator stays in a register
+        for r in nb.prange(w.shape[0]):
+            y[0, r] = row_dot(w[r], 3, xq[0], xd[0], xs[0])
+    else:
+        for r in nb.prange(w.shape[0]):
+            rows_dot_tokens(w[r], 3, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_1(w, xq, xd, xs, y):
     """Q5_1 block: fp16 d, fp16 min m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·q + m."""
-    for r in nb.prange(w.shape[0]):
-        rows_dot_tokens(w[r], 4, xq, xd, xs, y, r)
+    if xq.shape[0] == 1:  # the accumulator stays in a register
+        for r in nb.prange(w.shape[0]):
+            y[0, r] = row_dot(w[r], 4, xq[0], xd[0], xs[0])
+    else:
+        for r in nb.prange(w.shape[0]):
+            rows_dot_tokens(w[r], 4, xq, xd, xs, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
