@@ -9,7 +9,8 @@ from edged.quant.dequant import DEQUANTIZERS, dequantize_rows
 from edged.quant.tensor import QTensor
 from edged.quant.types import SUPPORTED_TYPES, traits
 from tests.helpers.model import default_model_path
-from tests.helpers.qdata import _F16_FIELDS, random_qtensor, reference_dequantize
+from edged.quant.synth import _F16_FIELDS
+from tests.helpers.qdata import random_qtensor, reference_dequantize
 
 
 def _shapes(qtype):
