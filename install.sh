@@ -26,5 +26,5 @@ extras="default-model"
 if [ "$dev" = 1 ]; then
   echo "edged installed with test tools. Run the tests:  .venv/bin/python -m pytest"
 else
-  echo "edged installed. Next:  .venv/bin/edged info"
+  echo "edged installed. Next:  .venv/bin/edged serve   (or: .venv/bin/edged info)"
 fi
