@@ -1,7 +1,10 @@
 """The wheel installs one import name, `edged`, and every source package is in it."""
 
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parent.parent
 
