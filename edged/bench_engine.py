@@ -6,16 +6,13 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
+from edged.bench_serve import percentiles
 from edged.engine.engine import Engine, EngineConfig
 from edged.sampling import SamplingParams
-
-
-def _pct(xs, q):
-    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
 
 
 def _prompt(vocab: int, n: int, seed: int) -> list[int]:
@@ -32,7 +29,6 @@ class RequestTiming:
     ttft_s: float
     itl_s: list
     n_out: int
-    end_s: float
 
 
 def _consume(stream, t0: float, out: list, idx: int) -> None:
@@ -50,7 +46,7 @@ def _consume(stream, t0: float, out: list, idx: int) -> None:
         last = now
         if d.finish_reason == "error":
             raise RuntimeError(d.error)
-    out[idx] = RequestTiming(first - t0, itl, n, last - t0)
+    out[idx] = RequestTiming(first - t0, itl, n)
 
 
 def make_engine(lm, *, max_seqs: int, ctx: int, block_size: int = 16, max_batch_tokens: int = 512,
@@ -88,12 +84,16 @@ def run_concurrent(engine: Engine, prompts: list[list[int]], gen: int) -> dict:
     done.set()
     w.join()
     total = sum(r.n_out for r in results)
-    ttft = [r.ttft_s for r in results]
-    itl = [x for r in results for x in r.itl_s]
+    ttft = percentiles([r.ttft_s for r in results])
+    itl = percentiles([x for r in results for x in r.itl_s])
+    kv = percentiles(ratios)
+    nan = float("nan")
     return {"concurrency": len(prompts), "generated_tokens": total, "wall_s": wall,
-            "tokens_per_s": total / wall, "ttft_p50_s": _pct(ttft, 50), "ttft_p95_s": _pct(ttft, 95),
-            "itl_p50_s": _pct(itl, 50), "itl_p95_s": _pct(itl, 95),
-            "kv_overhead_median": _pct(ratios, 50), "kv_overhead_max": max(ratios, default=float("nan"))}
+            "tokens_per_s": total / wall, "ttft_p50_s": ttft["p50"], "ttft_p95_s": ttft["p95"],
+            "itl_p50_s": nan if itl["p50"] is None else itl["p50"],
+            "itl_p95_s": nan if itl["p95"] is None else itl["p95"],
+            "kv_overhead_median": nan if kv["p50"] is None else kv["p50"],
+            "kv_overhead_max": max(ratios, default=nan)}
 
 
 def bench_single(lm, prompt_tokens=(128, 512), gen_tokens: int = 128, repeat: int = 5) -> dict:
@@ -155,6 +155,3 @@ def bench_prefix_cache(lm, prefix_tokens: int = 1024, suffix_tokens: int = 16, r
 def _summary(xs) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": len(xs)}
 
-
-def as_dict(x):
-    return asdict(x) if hasattr(x, "__dataclass_fields__") else x

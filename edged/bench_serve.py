@@ -62,7 +62,8 @@ class LevelResult:
     first_error: str | None = None
 
 
-def _pcts(xs) -> dict:
+def percentiles(xs) -> dict:
+    """p50/p95/p99 of xs (None each when xs is empty)."""
     if not xs:
         return {"p50": None, "p95": None, "p99": None}
     a = np.asarray(xs, dtype=np.float64)
@@ -163,8 +164,8 @@ async def run_level(base_url: str, concurrency: int, prompts: list[str], gen_tok
         output_tokens=out_tokens, prompt_tokens=sum(r.prompt_tokens or 0 for r in good),
         throughput_tok_s=out_tokens / wall if wall > 0 else 0.0,
         requests_per_s=len(good) / wall if wall > 0 else 0.0,
-        ttft_s=_pcts([r.ttft_s for r in good]), itl_s=_pcts([x for r in good for x in r.itl_s]),
-        e2e_s=_pcts([r.e2e_s for r in good]), first_error=errors[0].error if errors else None)
+        ttft_s=percentiles([r.ttft_s for r in good]), itl_s=percentiles([x for r in good for x in r.itl_s]),
+        e2e_s=percentiles([r.e2e_s for r in good]), first_error=errors[0].error if errors else None)
 
 
 def run(base_url: str, levels=(1, 4, 16), *, requests: int | None = None, prompt_tokens: int = 128,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 
 class Progress:
@@ -15,7 +14,6 @@ class Progress:
         self.done = 0
         self.stream = stream or sys.stderr
         self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.perf_counter()
 
     def advance(self, n: int = 1, note: str = "") -> None:
         self.done = min(self.done + n, self.total)
@@ -33,7 +31,3 @@ class Progress:
         if self.enabled:
             self.stream.write("\n")
             self.stream.flush()
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0

@@ -96,8 +96,3 @@ class BlockPool:
             return
         self.block_hash[block] = block_hash
         self._cached.setdefault(block_hash, block)
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (blocks in use stay owned)."""
-        self._cached.clear()
-        self.block_hash = [None] * self.num_blocks
