@@ -51,59 +51,47 @@ def _scales(row, bsize, off, d):
         d[b] = f16_at(row, b * bsize + off)
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _gemv_raw(w, xq, xd, xs, y, kind):
+    """Small-n matmul over raw blocks of LAYOUTS[kind] (`kind` a constant at each call site, so
+    each kernel compiles its own row dot); parallel over rows."""
+    if xq.shape[0] == 1:  # the accumulator stays in a register
+        for r in nb.prange(w.shape[0]):
+            y[0, r] = row_dot(w[r], kind, xq[0], xd[0], xs[0])
+    else:
+        for r in nb.prange(w.shape[0]):
+            rows_dot_tokens(w[r], kind, xq, xd, xs, y, r)
+
+
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q8_0(w, xq, xd, xs, y):
     """Q8_0 block: fp16 d, 32 int8 q; w = d·q (read as q ^ 0x80 = q + 128, fixed by -128·Σx)."""
-    if xq.shape[0] == 1:  # the accumulator stays in a register
-        for r in nb.prange(w.shape[0]):
-            y[0, r] = row_dot(w[r], 0, xq[0], xd[0], xs[0])
-    else:
-        for r in nb.prange(w.shape[0]):
-            rows_dot_tokens(w[r], 0, xq, xd, xs, y, r)
+    _gemv_raw(w, xq, xd, xs, y, 0)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_0(w, xq, xd, xs, y):
     """Q4_0 block: fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31); w = d·(q - 8)."""
-    if xq.shape[0] == 1:  # the accumulator stays in a register
-        for r in nb.prange(w.shape[0]):
-            y[0, r] = row_dot(w[r], 1, xq[0], xd[0], xs[0])
-    else:
-        for r in nb.prange(w.shape[0]):
-            rows_dot_tokens(w[r], 1, xq, xd, xs, y, r)
+    _gemv_raw(w, xq, xd, xs, y, 1)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q4_1(w, xq, xd, xs, y):
     """Q4_1 block: fp16 d, fp16 min m, 16 bytes of nibbles; w = d·q + m."""
-    if xq.shape[0] == 1:  # the accumulator stays in a register
-        for r in nb.prange(w.shape[0]):
-            y[0, r] = row_dot(w[r], 2, xq[0], xd[0], xs[0])
-    else:
-        for r in nb.prange(w.shape[0]):
-            rows_dot_tokens(w[r], 2, xq, xd, xs, y, r)
+    _gemv_raw(w, xq, xd, xs, y, 2)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_0(w, xq, xd, xs, y):
     """Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·(q - 16)."""
-    if xq.shape[0] == 1:  # the accumulator stays in a register
-        for r in nb.prange(w.shape[0]):
-            y[0, r] = row_dot(w[r], 3, xq[0], xd[0], xs[0])
-    else:
-        for r in nb.prange(w.shape[0]):
-            rows_dot_tokens(w[r], 3, xq, xd, xs, y, r)
+    _gemv_raw(w, xq, xd, xs, y, 3)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_q5_1(w, xq, xd, xs, y):
     """Q5_1 block: fp16 d, fp16 min m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·q + m."""
-    if xq.shape[0] == 1:  # the accumulator stays in a register
-        for r in nb.prange(w.shape[0]):
-            y[0, r] = row_dot(w[r], 4, xq[0], xd[0], xs[0])
-    else:
-        for r in nb.prange(w.shape[0]):
-            rows_dot_tokens(w[r], 4, xq, xd, xs, y, r)
+    _gemv_raw(w, xq, xd, xs, y, 4)
+
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
