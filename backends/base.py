@@ -10,6 +10,13 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     gelu_tanh_mul(gate [n, f], up [n, f]) -> [n, f];  silu_mul(gate, up) -> [n, f]
     store_kv(kv: LayerKV, k [n, kvh, hd], v [n, kvh, hd], slot_mapping int32 [n]) -> None
     attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap) -> [n, h, hd]
+    add(a, b, out=None) (b same shape or a bias row [d]);  scale(x, s, out=None);  softcap(x, cap)
+    allocate_kv(num_blocks, block_size, n_kv_heads, head_dim) -> LayerKV   (in the backend's memory)
+
+Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
+    upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle
+    prepare_batch(Batch) -> Batch with the backend's copies of the metadata (once per step)
+    take_rows(x [n, ...], rows int32 [r]) -> [r, ...];  slice_cols(x [n, c], a, b) -> [n, b - a]
 """
 
 from dataclasses import dataclass

@@ -14,6 +14,7 @@ from edged.backends.base import Batch
 from edged.chat import ChatTemplate
 from edged.model_path import resolve_model_path
 from edged.models import load_model
+from edged.offload import Placement, apply as apply_placement, plan as plan_placement
 from edged.progress import Progress
 from edged.quant import GGUFFile, load_gguf
 from edged.tokenizer import Tokenizer
@@ -31,6 +32,7 @@ class LoadedModel:
     chat: ChatTemplate
     load_s: float
     compile_s: float
+    placement: Placement | None = None
 
 
 def warm_up(model, sizes=_WARMUP_SIZES, progress: Progress | None = None) -> float:
@@ -73,9 +75,12 @@ def _in_short_lived_thread(fn, *args, **kwargs):
 
 
 def load(model: str | None = None, *, chat_template: str | None = None, warmup: bool = True,
-         quiet: bool = False) -> LoadedModel:
+         quiet: bool = False, backend: str = "auto", gpu_layers=None, kv_tokens=4096,
+         batch_tokens: int = 512) -> LoadedModel:
     """Resolve, validate and load a model (default: the installed default model).
 
+    backend/gpu_layers: see edged.offload.plan; kv_tokens (an int, or a function of the model)
+    sizes the KV the GPU layers must hold.
     Prints one line with load and compile times to stderr unless quiet; a progress bar on a TTY.
     """
     path = resolve_model_path(model)
@@ -87,7 +92,11 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
         chat = ChatTemplate.from_gguf(gf, override=chat_template)
         p.advance(1, "tokenizer")
         m = load_model(gf)
-        p.advance(1, "weights mapped")
+        if callable(kv_tokens):  # sized from the model (e.g. a --kv-memory budget)
+            kv_tokens = kv_tokens(m)
+        placement = plan_placement(m, backend, gpu_layers, kv_tokens=kv_tokens, batch_tokens=batch_tokens)
+        apply_placement(m, placement)
+        p.advance(1, "weights mapped" if placement.backend == "cpu" else "weights uploaded")
     load_s = time.perf_counter() - t0
     compile_s = 0.0
     if warmup:
@@ -96,4 +105,6 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
     if not quiet:
         print(f"edged: loaded {path.name} ({gf.architecture}) in {load_s:.2f} s; "
               f"kernels ready in {compile_s:.2f} s", file=sys.stderr)
-    return LoadedModel(path, gf, m, tokenizer, chat, load_s, compile_s)
+        if placement.backend != "cpu":
+            print(f"edged: {placement.describe()}", file=sys.stderr)
+    return LoadedModel(path, gf, m, tokenizer, chat, load_s, compile_s, placement)

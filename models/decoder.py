@@ -14,12 +14,13 @@ places):
     f = rms_norm(f, post_ffn_norm)           (optional)
     x = x + f
 
-then logits = rms_norm(x, output_norm) @ Woutput (optional final softcap). Each layer calls its ops
-through `layer_ops[i]` and the output projection through `output_ops`, so layers can be placed on
-different backends.
+then logits = rms_norm(x, output_norm) @ Woutput (optional final softcap). The embedding lookup
+runs on the host backend (the `ops` the model was loaded with); `place()` puts each layer and the
+output projection on a backend (hybrid CPU/GPU offload): its weights are uploaded once, and the
+activations cross each boundary between backends once per step.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
@@ -101,9 +102,26 @@ class DecoderModel:
         # llama.cpp multiplies the embeddings by a float32 scalar (Gemma: sqrtf(n_embd))
         self.embed_scale = None if embed_scale is None else np.float32(embed_scale)
         self.final_softcap = float(final_softcap)
-        self.layer_ops = [ops] * len(layers)
-        self.output_ops = ops
+        self.host_ops = ops
         self.check_backend(ops)
+        self.place([ops] * len(layers), ops)
+
+    def place(self, layer_ops: list, output_ops) -> None:
+        """Run layer i on backend `layer_ops[i]` and the final norm + output projection on
+        `output_ops`, uploading each weight to its backend once (host weights stay in self.layers).
+
+        KV caches must be allocated after placing (allocate_kv puts each layer's in its backend).
+        """
+        if len(layer_ops) != len(self.layers):
+            raise ModelError(f"placement names {len(layer_ops)} backends for {len(self.layers)} layers")
+        for ops in {id(o): o for o in [*layer_ops, output_ops]}.values():
+            if ops is not self.host_ops:
+                self.check_backend(ops)
+        self.layer_ops = list(layer_ops)
+        self.output_ops = output_ops
+        self._run_layers = [_placed(ops, lw, self.host_ops) for ops, lw in zip(self.layer_ops, self.layers)]
+        self._run_output = _placed(output_ops, self.output, self.host_ops)
+        self._run_output_norm = _placed(output_ops, self.output_norm, self.host_ops)
 
     def matrices(self):
         """(name, QTensor) of every weight the forward multiplies by (output included)."""
@@ -113,6 +131,14 @@ class DecoderModel:
                       lw.ffn.gate, lw.ffn.up, lw.ffn.down):
                 if w is not None:
                     yield w.name, w
+
+    def layer_bytes(self, i: int) -> int:
+        """Bytes of layer i's weights (what placing it on a device uploads)."""
+        return _nbytes(self.layers[i])
+
+    def output_bytes(self) -> int:
+        """Bytes of the final norm and output projection (token_embd's when tied)."""
+        return _nbytes(self.output) + _nbytes(self.output_norm)
 
     def check_backend(self, ops) -> None:
         """ModelError at load time when `ops` has no matmul kernel for a weight's type.
@@ -167,7 +193,7 @@ class DecoderModel:
         return [ops.allocate_kv(num_blocks, block_size, hp.n_kv_heads, hp.head_dim) for ops in self.layer_ops]
 
     def forward(self, batch: Batch, kv: list[LayerKV]) -> np.ndarray:
-        """Run one flat batch; returns float32 logits [len(batch.logits_indices), vocab].
+        """Run one flat batch; returns float32 host logits [len(batch.logits_indices), vocab].
 
         Writes this step's K/V into `kv` at batch.slot_mapping before attending.
         """
@@ -177,20 +203,33 @@ class DecoderModel:
         idx = batch.logits_indices
         # rows carried through the last layer's FFN and the output projection (all: perplexity)
         rows = None if idx.shape[0] == n and np.array_equal(idx, np.arange(n)) else idx
-        x = self.layer_ops[0].embed(self.token_embd, batch.token_ids)  # [n, n_embd]
+        ops = self.host_ops
+        x = ops.embed(self.token_embd, batch.token_ids)  # [n, n_embd]
         if self.embed_scale is not None:
-            x *= self.embed_scale
+            x = ops.scale(x, self.embed_scale, out=x)
+        prepared = {}  # backend id -> this step's metadata in that backend's memory
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = self._layer(self.layer_ops[i], layer, x, batch, kv[i], rows if i == last else None)
-        ops = self.output_ops
+        for i, layer in enumerate(self._run_layers):
+            ops, x = self._move(ops, self.layer_ops[i], x)
+            b = prepared.get(id(ops))
+            if b is None:
+                b = prepared[id(ops)] = ops.prepare_batch(batch)
+            x = self._layer(ops, layer, x, b, kv[i], rows if i == last else None)
+        ops, x = self._move(ops, self.output_ops, x)
         if x.shape[0] == 0:
             return np.empty((0, self.vocab_size), dtype=np.float32)
-        x = ops.rms_norm(x, self.output_norm, self.hparams.eps)
-        logits = ops.matmul(self.output, x)  # [n_out, vocab]
+        x = ops.rms_norm(x, self._run_output_norm, self.hparams.eps)
+        logits = ops.matmul(self._run_output, x)  # [n_out, vocab]
         if self.final_softcap:
             logits = ops.softcap(logits, self.final_softcap)
-        return logits
+        return ops.to_host(logits)
+
+    @staticmethod
+    def _move(src, dst, x):
+        """(dst, x in dst's memory): one copy across a backend boundary, nothing otherwise."""
+        if dst is src:
+            return src, x
+        return dst, dst.upload(src.to_host(x))
 
     # --- one block -------------------------------------------------------------------------------
     def _layer(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
@@ -199,19 +238,19 @@ class DecoderModel:
         o = self._attention(ops, lw, h, batch, kv)  # [n, n_heads, head_dim]
         n = o.shape[0]
         if rows is not None:  # only these rows matter from here on (logits of the last layer)
-            o, x = o[rows], x[rows]
+            o, x = ops.take_rows(o, rows), ops.take_rows(x, rows)
             n = o.shape[0]
             if n == 0:  # a pure prefill chunk: the KV is written, no logits are wanted
                 return x
-        o = ops.matmul(lw.attn.wo, o.reshape(n, -1))  # [n, n_embd]
+        o = ops.matmul(lw.attn.wo, o.reshape(n, o.shape[1] * o.shape[2]))  # [n, n_embd]
         if lw.post_attn_norm is not None:
             o = ops.rms_norm(o, lw.post_attn_norm, eps)
-        x += o
+        x = ops.add(x, o, out=x)
         h = ops.rms_norm(x, lw.ffn_norm, eps)
         f = self._ffn(ops, lw.ffn, h)
         if lw.post_ffn_norm is not None:
             f = ops.rms_norm(f, lw.post_ffn_norm, eps)
-        x += f
+        x = ops.add(x, f, out=x)
         return x
 
     def _attention(self, ops, lw: LayerWeights, h, batch: Batch, kv: LayerKV):
@@ -221,18 +260,17 @@ class DecoderModel:
         hd, nh, nkv = hp.head_dim, hp.n_heads, hp.n_kv_heads
         if a.wqkv is not None:
             qkv = ops.matmul(a.wqkv, h)  # [n, (nh + 2*nkv)*hd]
-            # column slices are strided views: copy so kernels see C-contiguous arrays
-            q = np.ascontiguousarray(qkv[:, : nh * hd])
-            k = np.ascontiguousarray(qkv[:, nh * hd : (nh + nkv) * hd])
-            v = np.ascontiguousarray(qkv[:, (nh + nkv) * hd :])
+            q = ops.slice_cols(qkv, 0, nh * hd)
+            k = ops.slice_cols(qkv, nh * hd, (nh + nkv) * hd)
+            v = ops.slice_cols(qkv, (nh + nkv) * hd, (nh + 2 * nkv) * hd)
         else:
             q = ops.matmul(a.wq, h)  # [n, nh*hd]
             k = ops.matmul(a.wk, h)  # [n, nkv*hd]
             v = ops.matmul(a.wv, h)  # [n, nkv*hd]
         if a.bq is not None:
-            q += a.bq
-            k += a.bk
-            v += a.bv
+            q = ops.add(q, a.bq, out=q)
+            k = ops.add(k, a.bk, out=k)
+            v = ops.add(v, a.bv, out=v)
         if a.q_norm is not None:
             q = ops.rms_norm(q.reshape(n * nh, hd), a.q_norm, hp.eps)
             k = ops.rms_norm(k.reshape(n * nkv, hd), a.k_norm, hp.eps)
@@ -245,12 +283,36 @@ class DecoderModel:
         if f.gate is None:
             gu = ops.matmul(f.up, h)  # [n, 2*n_ff]: gate | up
             half = gu.shape[1] // 2
-            gate, up = np.ascontiguousarray(gu[:, :half]), np.ascontiguousarray(gu[:, half:])
+            gate, up = ops.slice_cols(gu, 0, half), ops.slice_cols(gu, half, 2 * half)
         else:
             gate = ops.matmul(f.gate, h)  # [n, n_ff]
             up = ops.matmul(f.up, h)  # [n, n_ff]
         act = ops.gelu_tanh_mul(gate, up) if self.ffn_act == "gelu_tanh" else ops.silu_mul(gate, up)
         return ops.matmul(f.down, act)  # [n, n_embd]
+
+
+def _nbytes(w) -> int:
+    """Bytes of a QTensor, array, or dataclass of them (RoPE tables are not weights)."""
+    if isinstance(w, QTensor):
+        return int(w.data.nbytes)
+    if isinstance(w, np.ndarray):
+        return int(w.nbytes)
+    if is_dataclass(w) and not isinstance(w, RopeParams):
+        return sum(_nbytes(getattr(w, f.name)) for f in fields(w))
+    return 0
+
+
+def _placed(ops, w, host_ops):
+    """w (a QTensor, a float32 array, or a dataclass of them) in the memory of backend `ops`."""
+    if ops is host_ops or w is None:
+        return w
+    if isinstance(w, QTensor):
+        return ops.upload_matrix(w)
+    if isinstance(w, np.ndarray):
+        return ops.upload(w)
+    if is_dataclass(w) and not isinstance(w, RopeParams):
+        return type(w)(**{f.name: _placed(ops, getattr(w, f.name), host_ops) for f in fields(w)})
+    return w
 
 
 def attention_weights(ts, prefix: str, hp: HParams, *, fused: bool = False, biases: bool = False,

@@ -157,8 +157,9 @@ def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndar
 
 
 def add(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Elementwise a + b in float32 (residual connections); out=a adds in place."""
-    if a.shape != b.shape:
+    """Elementwise a + b in float32 (residual connections; b may also be a bias row [d] added to
+    every row of a [n, d]); out=a adds in place."""
+    if a.shape != b.shape and not (b.ndim == 1 and a.ndim == 2 and a.shape[1] == b.shape[0]):
         raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
     return np.add(a, b, out=out, dtype=np.float32)
 

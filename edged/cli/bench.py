@@ -11,7 +11,7 @@ import json
 import click
 
 from edged.cli.bench_serve import BenchCommand
-from edged.cli.options import model_argument
+from edged.cli.options import backend_options, model_argument
 
 
 def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str) -> dict:
@@ -42,8 +42,9 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
 @click.option("--prefix-cache", "prefix_cache", is_flag=True,
               help="TTFT of a prompt whose first 1024 tokens were seen before vs cold.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@backend_options
 def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
-            prefix_cache, as_json):
+            prefix_cache, as_json, backend, gpu_layers):
     """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
@@ -53,13 +54,13 @@ def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tok
         report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock)
     if not kernels or concurrency or prefix_cache:
         report.update(_model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency,
-                                      prefix_cache, kernels, as_json))
+                                      prefix_cache, kernels, as_json, backend, gpu_layers))
     if as_json:
         click.echo(json.dumps(report, indent=2))
 
 
 def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefix_cache, kernels_too,
-                    as_json) -> dict:
+                    as_json, backend="auto", gpu_layers="auto") -> dict:
     from edged import bench_engine
     from edged.loader import load
 
@@ -69,8 +70,12 @@ def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefi
     except ValueError:
         raise click.UsageError("--prompt-tokens and --concurrency take comma-separated integers") from None
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
-    lm = load(model, quiet=as_json)
-    out = {}
+    try:
+        lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
+                  kv_tokens=max(levels or [1]) * (max(plens, default=512) + gen_tokens + 16) + 2048)
+    except ValueError as e:  # OffloadError, GGUFError
+        raise click.ClickException(str(e)) from None
+    out = {"placement": lm.placement.describe()}
     if not (kernels_too or levels or prefix_cache):
         r = bench_engine.bench_single(lm, plens, gen_tokens, repeat)
         out["single"] = r

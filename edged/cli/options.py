@@ -19,3 +19,17 @@ def sampling_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def backend_options(f):
+    """--backend and --gpu-layers (hybrid CPU/GPU offload; see edged/offload.py)."""
+    for opt in reversed([
+        click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                     show_default=True,
+                     help="Where kernels run: auto = cuda when a usable GPU is present, else cpu."),
+        click.option("--gpu-layers", "-ngl", default="auto", show_default=True,
+                     help="Layers on the GPU (the first N; N >= layer count adds the output "
+                          "projection), or auto = as many as fit in free device memory."),
+    ]):
+        f = opt(f)
+    return f

@@ -7,13 +7,15 @@ import time
 
 import click
 
+from edged.cli.options import backend_options
 
 
 @click.command("perplexity")
 @click.argument("paths", nargs=-1, required=True, metavar="[MODEL] FILE")
 @click.option("--ctx", type=int, default=512, show_default=True, help="Chunk length in tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def command(paths, ctx, as_json):
+@backend_options
+def command(paths, ctx, as_json, backend, gpu_layers):
     """Perplexity of MODEL (default: the installed default model) on the text FILE, by
     llama.cpp's method: chunks of --ctx tokens, the second half of each scored."""
     from edged.loader import load
@@ -24,7 +26,7 @@ def command(paths, ctx, as_json):
         raise click.UsageError("expected [MODEL] FILE")
     model, file = (None, paths[0]) if len(paths) == 1 else paths
     try:
-        lm = load(model)
+        lm = load(model, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, batch_tokens=ctx)
     except (GGUFError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     try:

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from edged.cli.options import model_argument, sampling_options
+from edged.cli.options import backend_options, model_argument, sampling_options
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -29,8 +29,9 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--chat-template", default=None, help="Built-in template name or Jinja source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--ctx", type=int, default=4096, show_default=True, help="Context length (tokens).")
+@backend_options
 def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, min_p, seed,
-            logprobs, chat, chat_template, as_json, ctx):
+            logprobs, chat, chat_template, as_json, ctx, backend, gpu_layers):
     """Generate a continuation of a prompt."""
     from edged.engine.engine import Engine, EngineConfig
     from edged.loader import load
@@ -43,7 +44,7 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
                                 seed=seed, logprobs=logprobs, max_tokens=max_tokens)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    lm = _load(load, model, chat_template)
+    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx)
     tok = lm.tokenizer
     if prompt_ids is not None:
         ids = _parse_ids(prompt_ids)
@@ -97,10 +98,10 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
                    f"{n_gen} generated at {timings['generated_tokens_per_s']:.1f} tok/s]", err=True)
 
 
-def _load(load, model, chat_template):
+def _load(load, model, chat_template, **placement):
     from edged.quant import GGUFError
 
     try:
-        return load(model, chat_template=chat_template)
+        return load(model, chat_template=chat_template, **placement)
     except (GGUFError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None

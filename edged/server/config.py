@@ -46,6 +46,8 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     max_header_bytes: int = 16 * 2**10
     warmup: bool = True
+    backend: str = "auto"  # auto | cpu | cuda
+    gpu_layers: str = "auto"  # a layer count or auto
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -60,6 +62,11 @@ class ServerConfig:
             raise ValueError("--max-queue must be >= 0")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must be >= 0")
+        if self.backend not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--backend must be auto, cpu or cuda, got {self.backend!r}")
+        from edged.offload import parse_gpu_layers
+
+        parse_gpu_layers(self.gpu_layers)
         if any(not k for k in self.api_keys):
             raise ValueError("an API key must not be empty")
         if not is_loopback(self.host) and not self.api_keys and not self.insecure:

@@ -48,7 +48,9 @@ class ServerState:
 
         c = self.config
         try:
-            lm = load(c.model, chat_template=c.chat_template, warmup=c.warmup)
+            lm = load(c.model, chat_template=c.chat_template, warmup=c.warmup, backend=c.backend,
+                      gpu_layers=c.gpu_layers, kv_tokens=self._kv_tokens,
+                      batch_tokens=c.max_batch_tokens)
             # compile the tokenizer's JIT paths now, not in the first client's request
             lm.tokenizer.encode(lm.chat.render([{"role": "user", "content": "warm up ✓"}]))
             self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path),
@@ -58,6 +60,15 @@ class ServerState:
             log.error("loading failed: %s", e)
             self.error = f"{type(e).__name__}: {e}"
             self.status = FAILED
+
+    def _kv_tokens(self, model) -> int:
+        """Tokens the KV pool will hold (what GPU layers must reserve device memory for)."""
+        from edged.engine.sizing import plan_num_blocks
+
+        c = self.config
+        ctx = min(c.ctx, model.context_length)
+        return plan_num_blocks(model.kv_bytes_per_token(), c.block_size, kv_memory=c.kv_memory,
+                               ctx=ctx, max_seqs=c.max_seqs) * c.block_size
 
     def attach(self, model, tokenizer, chat, model_path: str, *, engine_cls=None,
                engine_config_cls=None, plan=None) -> None:

@@ -7,6 +7,10 @@ Weights are dequantized with gguf-py (reference_dequantize) once per tensor and 
 import numpy as np
 
 from edged.backends.base import Batch, LayerKV, RopeParams
+# placement/layout and elementwise ops are plain numpy already: the CPU backend's serve as reference
+from edged.backends.cpu.activations import add, scale  # noqa: F401
+from edged.backends.cpu.host import (prepare_batch, slice_cols, take_rows, to_host, upload,  # noqa: F401
+                                     upload_matrix)
 from edged.quant.tensor import QTensor
 from tests.helpers.qdata import reference_dequantize
 

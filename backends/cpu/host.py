@@ -1,0 +1,41 @@
+"""Placement and layout ops of the CPU backend: where data lives and how rows/columns are cut.
+
+The CPU backend works on host numpy arrays, so moving data in is a no-op; the CUDA backend
+implements the same functions with device copies (backends/cuda/ops.py). The decoder calls them at
+a layer boundary between backends and to cut activations without touching their memory directly.
+"""
+
+import numpy as np
+
+from edged.backends.base import Batch
+from edged.quant.tensor import QTensor
+
+
+def upload(a: np.ndarray) -> np.ndarray:
+    """A host array (or anything array-like from another backend, already on the host)."""
+    return np.ascontiguousarray(a)
+
+
+def to_host(a) -> np.ndarray:
+    """This backend's array as a host numpy array (the array itself on the CPU)."""
+    return a
+
+
+def upload_matrix(w: QTensor) -> QTensor:
+    """A weight as this backend's matmul takes it: the mmap'd QTensor itself on the CPU."""
+    return w
+
+
+def prepare_batch(batch: Batch) -> Batch:
+    """The step's metadata as this backend's kernels read it (host arrays: the batch itself)."""
+    return batch
+
+
+def take_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """x[rows] as a new C-contiguous array; x [n, ...], rows int32 [r]."""
+    return np.ascontiguousarray(x[rows])
+
+
+def slice_cols(x: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Columns start:stop of x [n, c] as a C-contiguous [n, stop - start] copy."""
+    return np.ascontiguousarray(x[:, start:stop])

@@ -1,0 +1,96 @@
+"""Backend choice and --gpu-layers planning (edged/offload.py), with a stand-in device probe."""
+
+import subprocess
+import sys
+
+import pytest
+
+from edged.backends.cuda.probe import DeviceInfo
+from edged.models import load_model
+from edged.offload import SAFETY_MARGIN_BYTES, OffloadError, parse_gpu_layers, plan, workspace_bytes
+from edged.quant import load_gguf
+from tests.helpers.tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return load_model(load_gguf(write_tiny_model(tmp_path_factory.mktemp("m") / "m.gguf", "llama")))
+
+
+def _device(free):
+    return lambda: DeviceInfo(True, name="test", free_bytes=free, total_bytes=free)
+
+
+def _free_for(model, n_layers, kv_tokens, *, output=False, slack=1):
+    per_kv = kv_tokens * model.kv_bytes_per_token() // model.n_layers
+    need = sum(model.layer_bytes(i) + per_kv for i in range(n_layers))
+    need += model.output_bytes() if output else 0
+    return need + SAFETY_MARGIN_BYTES + workspace_bytes(model, 512) + slack
+
+
+def test_parse_gpu_layers():
+    assert parse_gpu_layers("auto") is None and parse_gpu_layers(None) is None
+    assert parse_gpu_layers("12") == 12 and parse_gpu_layers(0) == 0
+    for bad in ("-1", "many", "1.5"):
+        with pytest.raises(ValueError, match="--gpu-layers"):
+            parse_gpu_layers(bad)
+
+
+def test_cpu_needs_no_probe(model):
+    def probe():
+        raise AssertionError("cpu must not probe for a device")
+    p = plan(model, "cpu", "8", probe=probe)
+    assert (p.backend, p.gpu_layers, p.output_on_gpu) == ("cpu", 0, False)
+
+
+def test_auto_without_device_picks_cpu(model):
+    p = plan(model, "auto", probe=lambda: DeviceInfo(False, "no NVIDIA driver"))
+    assert p.backend == "cpu" and "no NVIDIA driver" in p.describe()
+
+
+def test_auto_ignores_the_simulator(model):
+    sim = lambda: DeviceInfo(True, name="sim", free_bytes=2**34, total_bytes=2**34, simulated=True)  # noqa: E731
+    assert plan(model, "auto", probe=sim).backend == "cpu"
+    assert plan(model, "cuda", probe=sim).backend == "cuda"
+
+
+def test_cuda_without_device_is_a_clear_error(model):
+    with pytest.raises(OffloadError, match="--backend cuda: no NVIDIA driver"):
+        plan(model, "cuda", probe=lambda: DeviceInfo(False, "no NVIDIA driver"))
+
+
+def test_auto_layers_fill_free_memory(model):
+    for n in range(model.n_layers):
+        p = plan(model, "cuda", "auto", kv_tokens=1024, probe=_device(_free_for(model, n, 1024)))
+        assert (p.gpu_layers, p.output_on_gpu) == (n, False)
+    every = _free_for(model, model.n_layers, 1024, output=True)
+    p = plan(model, "cuda", "auto", kv_tokens=1024, probe=_device(every))
+    assert (p.gpu_layers, p.output_on_gpu) == (model.n_layers, True)
+    # all layers fit but the output projection does not: it stays on the CPU
+    p = plan(model, "cuda", "auto", kv_tokens=1024, probe=_device(every - model.output_bytes()))
+    assert (p.gpu_layers, p.output_on_gpu) == (model.n_layers, False)
+
+
+def test_explicit_layers_that_do_not_fit_name_the_numbers(model):
+    free = _free_for(model, 1, 1024)
+    assert plan(model, "cuda", "1", kv_tokens=1024, probe=_device(free)).gpu_layers == 1
+    with pytest.raises(OffloadError, match=r"--gpu-layers 2: 2 layers \+ output need [\d.]+ MiB .* only [\d.]+ MiB"):
+        plan(model, "cuda", "2", kv_tokens=1024, probe=_device(free))
+
+
+def test_more_layers_than_the_model_has_means_all_and_output(model):
+    p = plan(model, "cuda", "99", kv_tokens=64, probe=_device(2**40))
+    assert (p.gpu_layers, p.output_on_gpu) == (model.n_layers, True)
+
+
+def test_cpu_only_run_never_imports_cuda_modules(tmp_path):
+    path = write_tiny_model(tmp_path / "m.gguf", "llama")
+    code = ("import sys; from edged.loader import load; "
+            f"lm = load({str(path)!r}, warmup=False, quiet=True, backend='auto'); "
+            "bad = [m for m in sys.modules if m.startswith('numba.cuda') or m.startswith('numba_cuda') "
+            "or m.startswith('edged.backends.cuda.') and m != 'edged.backends.cuda.probe']; "
+            "print(lm.placement.backend, bad)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cpu []"
