@@ -282,82 +282,6 @@ def _iq4xs_scales(builder, bp):
     return s8, builder.fmul(s8, _splat(builder, ir.Constant(_F32, -128.0), _V8F))
 
 
-def _make_k32_row_dot(bbytes, quants, scales):
-    """Two-row gemv intrinsic of a type with per-32 scales and biases: quants(builder, bp, j) gives
-    the unsigned weights of 64-element chunk j of the block at i8* bp, scales(builder, bp) the
-    per-32 (s, c) float32 [8] with w_e = s · u_e + c."""
-
-    @intrinsic
-    def _row_dot(typingctx, w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
-        if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd, types.float32)
-                and _is_arr(xm, types.float32) and _is_arr(out, types.float32)
-                and _ints(woff0, woff1, xoff, doff, nsb, o0, o1)):
-            return None
-        sig = types.void(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
-
-        def codegen(context, builder, signature, args):
-            st = signature.args
-            i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
-            wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
-            xp = _base(context, builder, st[3], args[3], i64(4))
-            xdp = _base(context, builder, st[5], args[5], i64(7))
-            xmp = _base(context, builder, st[6], args[6], i64(7))
-
-            def body(i, acc):
-                xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
-                fo = builder.mul(i, ir.Constant(_I64, 32))  # 8 floats
-                xv = [_ld(builder, xb, 64 * j, _V64I8) for j in range(4)]
-                xd8, xm8 = _ld(builder, xdp, fo, _V8F), _ld(builder, xmp, fo, _V8F)
-                new = []
-                for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
-                    bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
-                    ws, c8 = scales(builder, bp)
-                    d = [_dpbusd(builder, ir.Constant(_V16I32, None), quants(builder, bp, j), xv[j])
-                         for j in range(4)]
-                    sums = builder.sitofp(_group_sums(builder, d, 3), _V8F)  # [8] exact block dots
-                    # tile_dot_s32_b32's block term, op for op: S·(xd·s) + c·(xd·xs)
-                    v = builder.fmul(sums, builder.fmul(xd8, ws))
-                    w8 = builder.fadd(v, builder.fmul(c8, xm8))
-                    new.append(builder.fadd(acc[r], _tree8(builder, w8)))
-                return new
-
-            acc = _loop(builder, i64(8), body, [ir.Constant(_F32, 0.0)] * 2)
-            op = _base(context, builder, st[9], args[9], ir.Constant(_I64, 0))
-            for r, k in enumerate((10, 11)):
-                _st(builder, acc[r], op, builder.mul(i64(k), ir.Constant(_I64, 4)))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return _row_dot
-
-
-_q4k_row_dot = _make_k32_row_dot(Q4K_BYTES, _q4k_quants, _q4k_scales)
-_q5k_row_dot = _make_k32_row_dot(Q5K_BYTES, _q5k_quants, _q4k_scales)
-_iq4xs_row_dot = _make_k32_row_dot(IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scales)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def q4k_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
-    """Dots of two Q4_K rows (nsb superblocks at bytes woff0 / woff1 of w; may be the same row)
-    with one token's int8 activations (at element xoff of x), written to out's flat elements
-    o0 / o1; xd / xm float32 hold the token's per-32 activation scales and scale × block sum from
-    element doff on. Two rows per call: their independent chains hide each other's latency."""
-    _q4k_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def q5k_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
-    """As q4k_row_dot2 for Q5_K rows."""
-    _q5k_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def iq4xs_row_dot2(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1):
-    """As q4k_row_dot2 for IQ4_XS rows."""
-    _iq4xs_row_dot(w, woff0, woff1, x, xoff, xd, xm, doff, nsb, out, o0, o1)
-
-
 def _make_k32_decode_row(bbytes, quants, scales):
     """Row-decode intrinsic of a per-32 type (see _make_k32_row_dot) into (u, s, c)."""
 
@@ -492,55 +416,10 @@ def _q2k_scales(builder, bp):
     return s16, builder.fmul(mn, _splat(builder, builder.fneg(dmin), _V16F))
 
 
-def _make_k16(bbytes, quants, scales):
-    """(row_dot2, decode_row) intrinsics of a type with per-16 scales and biases (Q6_K, Q3_K,
-    Q2_K): quants(builder, bp, c) gives the unsigned weights of 64-element chunk c of the block
-    at i8* bp, scales(builder, bp) the per-16 (s, c) with w_e = s · u_e + c."""
-
-    @intrinsic
-    def _row_dot(typingctx, w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
-        if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xd16, types.float32)
-                and _is_arr(xs16, types.float32) and _is_arr(out, types.float32)
-                and _ints(woff0, woff1, xoff, doff, nsb, o0, o1)):
-            return None
-        sig = types.void(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
-
-        def codegen(context, builder, signature, args):
-            st = signature.args
-            i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
-            wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
-            xp = _base(context, builder, st[3], args[3], i64(4))
-            xdp = _base(context, builder, st[5], args[5], i64(7))
-            xsp = _base(context, builder, st[6], args[6], i64(7))
-            ev, od = list(range(0, 16, 2)), list(range(1, 16, 2))
-
-            def body(i, acc):
-                xb = builder.gep(xp, [builder.mul(i, ir.Constant(_I64, 256))])
-                fo = builder.mul(i, ir.Constant(_I64, 64))  # 16 floats
-                xv = [_ld(builder, xb, 64 * c, _V64I8) for c in range(4)]
-                xd16v, xs16v = _ld(builder, xdp, fo, _V16F), _ld(builder, xsp, fo, _V16F)
-                new = []
-                for r, wp in enumerate(wps):  # two rows: independent chains, shared activations
-                    bp = builder.gep(wp, [builder.mul(i, ir.Constant(_I64, bbytes))])
-                    s16, c16 = scales(builder, bp)
-                    d = [_dpbusd(builder, ir.Constant(_V16I32, None), quants(builder, bp, c), xv[c]) for c in range(4)]
-                    sums = builder.sitofp(_group_sums(builder, d, 2), _V16F)  # [16] exact half-block dots
-                    # tile_dot_s16_b16's block term, op for op:
-                    # (lo·(xd·s_lo) + hi·(xd·s_hi)) + (c_lo·xb_lo + c_hi·xb_hi)
-                    p = builder.fmul(sums, builder.fmul(xd16v, s16))
-                    q = builder.fmul(c16, xs16v)
-                    v = builder.fadd(_shuf(builder, p, ev), _shuf(builder, p, od))
-                    bias = builder.fadd(_shuf(builder, q, ev), _shuf(builder, q, od))
-                    new.append(builder.fadd(acc[r], _tree8(builder, builder.fadd(v, bias))))
-                return new
-
-            acc = _loop(builder, i64(8), body, [ir.Constant(_F32, 0.0)] * 2)
-            op = _base(context, builder, st[9], args[9], ir.Constant(_I64, 0))
-            for r, k in enumerate((10, 11)):
-                _st(builder, acc[r], op, builder.mul(i64(k), ir.Constant(_I64, 4)))
-            return context.get_dummy_value()
-
-        return sig, codegen
+def _make_k16_decode_row(bbytes, quants, scales):
+    """Row-decode intrinsic of a type with per-16 scales and biases (Q6_K, Q3_K, Q2_K) into
+    (u, s, c): quants(builder, bp, c) gives the unsigned weights of 64-element chunk c of the
+    block at i8* bp, scales(builder, bp) the per-16 (s, c) with w_e = s · u_e + c."""
 
     @intrinsic
     def _decode_row(typingctx, w, woff, nsb, u, uoff, s, soff, c, coff):
@@ -570,33 +449,12 @@ def _make_k16(bbytes, quants, scales):
 
         return sig, codegen
 
-    return _row_dot, _decode_row
+    return _decode_row
 
 
-_q6k_row_dot, _q6k_decode_row = _make_k16(Q6K_BYTES, _q6k_quants, _q6k_scales)
-_q3k_row_dot, _q3k_decode_row = _make_k16(Q3K_BYTES, _q3k_quants, _q3k_scales)
-_q2k_row_dot, _q2k_decode_row = _make_k16(Q2K_BYTES, _q2k_quants, _q2k_scales)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def q6k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
-    """Dots of two Q6_K rows (bytes woff0 / woff1 of w; may be the same row) with one token's
-    int8 activations (at element xoff of x), written to out's flat elements o0 / o1; xd16 / xs16
-    float32 hold, per 16 activations from element doff on, the block's activation scale and
-    scale × sum of those 16 (for the bias term)."""
-    _q6k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def q3k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
-    """As q6k_row_dot2 for Q3_K rows."""
-    _q3k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def q2k_row_dot2(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1):
-    """As q6k_row_dot2 for Q2_K rows."""
-    _q2k_row_dot(w, woff0, woff1, x, xoff, xd16, xs16, doff, nsb, out, o0, o1)
+_q6k_decode_row = _make_k16_decode_row(Q6K_BYTES, _q6k_quants, _q6k_scales)
+_q3k_decode_row = _make_k16_decode_row(Q3K_BYTES, _q3k_quants, _q3k_scales)
+_q2k_decode_row = _make_k16_decode_row(Q2K_BYTES, _q2k_quants, _q2k_scales)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -617,6 +475,168 @@ def q3k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
 def q2k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
     """As q6k_decode_row for a Q2_K row: u = q (0..3), s = d·scale, c = -dmin·min."""
     _q2k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
+
+
+# ------------------------------------------------------------------------------- gemv: 2 rows × nt tokens
+
+# Type kinds: one compiled gemv and one compiled gemm serve every type, `kind` picks the decoder.
+KIND_Q4K, KIND_Q6K, KIND_IQ4XS, KIND_Q5K, KIND_Q3K, KIND_Q2K = 0, 1, 2, 3, 4, 5
+GEMV_TOKENS = 4  # most tokens per rows-dot call (the weights are unpacked once for all of them)
+
+_EV16, _OD16 = list(range(0, 32, 2)), list(range(1, 32, 2))  # even / odd lanes of two 16-lane vectors
+_EV8, _OD8 = list(range(0, 16, 2)), list(range(1, 16, 2))
+
+
+def _tree8x2(builder, w):
+    """_tree8 of both 8-lane halves of a 16-lane float vector at once -> 2 lanes (same adds, lane by
+    lane, so each half's sum is bit-identical to _tree8's)."""
+    p = builder.fadd(_shuf(builder, w, _EV8), _shuf(builder, w, _OD8))  # [8]
+    q = builder.fadd(_shuf(builder, p, (0, 2, 4, 6)), _shuf(builder, p, (1, 3, 5, 7)))  # [4]
+    return builder.fadd(_shuf(builder, q, (0, 2)), _shuf(builder, q, (1, 3)))  # [2]
+
+
+def _make_rows_dot(per16, bbytes, quants, scales, nt):
+    """gemv intrinsic: two rows × nt tokens. Each superblock of the two rows is unpacked once
+    (quants(builder, bp, j): unsigned weights of 64-element chunk j of the block at i8* bp;
+    scales(builder, bp): per-32 (per16 False: [8]) or per-16 ([16]) float32 (s, c) with
+    w_e = s · u_e + c) and multiplied with every token's int8 activations; the float work of
+    the two rows shares 16-lane vectors (row 0 in lanes 0-7, row 1 in 8-15 after the per-block
+    stage), lane by lane the same operations as tile_dot (batch invariance)."""
+    nf = 16 if per16 else 8  # activation floats per superblock
+
+    @intrinsic
+    def _rows_dot(typingctx, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride):
+        if not (_is_arr(w, types.uint8) and _is_arr(x, types.int8) and _is_arr(xa, types.float32)
+                and _is_arr(xb, types.float32) and _is_arr(out, types.float32)
+                and _ints(woff0, woff1, xoff, xstride, doff, dstride, nsb, o0, o1, ostride)):
+            return None
+        sig = types.void(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            i64 = lambda k: _i64(context, builder, args[k], st[k])  # noqa: E731
+            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            wps = [_base(context, builder, st[0], args[0], i64(k)) for k in (1, 2)]
+            tok = lambda k, off, stride, t: _base(  # noqa: E731
+                context, builder, st[k], args[k], builder.add(i64(off), builder.mul(i64(stride), c64(t))))
+            xps = [tok(3, 4, 5, t) for t in range(nt)]
+            xaps = [tok(6, 8, 9, t) for t in range(nt)]
+            xbps = [tok(7, 8, 9, t) for t in range(nt)]
+            vf = _V16F if per16 else _V8F
+
+            def body(i, acc):
+                rows = []  # per row: (s, c, 4 chunks of unsigned weights), kept in registers
+                for wp in wps:
+                    bp = builder.gep(wp, [builder.mul(i, c64(bbytes))])
+                    sc, cc = scales(builder, bp)
+                    rows.append((sc, cc, [quants(builder, bp, j) for j in range(4)]))
+                fo = builder.mul(i, c64(4 * nf))
+                new = []
+                for t in range(nt):
+                    xbase = builder.gep(xps[t], [builder.mul(i, c64(256))])
+                    xv = [_ld(builder, xbase, 64 * j, _V64I8) for j in range(4)]
+                    xav, xbv = _ld(builder, xaps[t], fo, vf), _ld(builder, xbps[t], fo, vf)
+                    g = []
+                    for sc, cc, qv in rows:
+                        d = [_dpbusd(builder, ir.Constant(_V16I32, None), qv[j], xv[j]) for j in range(4)]
+                        g.append(_group_sums(builder, d, 2))  # [16] exact sums of 4 lanes
+                    if per16:
+                        # tile_dot_s16_b16's block term, op for op:
+                        # (lo·(xd·s_lo) + hi·(xd·s_hi)) + (c_lo·xb_lo + c_hi·xb_hi)
+                        p = [builder.fmul(builder.sitofp(g[r], _V16F), builder.fmul(xav, rows[r][0])) for r in range(2)]
+                        q = [builder.fmul(rows[r][1], xbv) for r in range(2)]
+                        v = builder.fadd(_shuf(builder, p[0], _EV16, p[1]), _shuf(builder, p[0], _OD16, p[1]))
+                        bias = builder.fadd(_shuf(builder, q[0], _EV16, q[1]), _shuf(builder, q[0], _OD16, q[1]))
+                        wv = builder.fadd(v, bias)  # [16]: row 0's 8 block terms, then row 1's
+                    else:
+                        # tile_dot_s32_b32's block term, op for op: S·(xd·s) + c·(xd·xs)
+                        sums = builder.sitofp(_halve(builder, g[0], g[1]), _V16F)  # [16] block dots
+                        two = list(range(8)) * 2
+                        s16 = _shuf(builder, rows[0][0], range(16), rows[1][0])
+                        c16 = _shuf(builder, rows[0][1], range(16), rows[1][1])
+                        v = builder.fmul(sums, builder.fmul(_shuf(builder, xav, two), s16))
+                        wv = builder.fadd(v, builder.fmul(c16, _shuf(builder, xbv, two)))
+                    new.append(builder.fadd(acc[t], _tree8x2(builder, wv)))
+                return new
+
+            acc = _loop(builder, i64(10), body, [ir.Constant(_v(_F32, 2), None)] * nt)
+            op = _base(context, builder, st[11], args[11], ir.Constant(_I64, 0))
+            for t in range(nt):
+                for r, k in enumerate((12, 13)):
+                    o = builder.add(i64(k), builder.mul(i64(14), c64(t)))
+                    _st(builder, builder.extract_element(acc[t], ir.Constant(_I32, r)), op, builder.mul(o, c64(4)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return _rows_dot
+
+
+_TYPES_K32 = {KIND_Q4K: (Q4K_BYTES, _q4k_quants, _q4k_scales), KIND_Q5K: (Q5K_BYTES, _q5k_quants, _q4k_scales),
+              KIND_IQ4XS: (IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scales)}
+_TYPES_K16 = {KIND_Q6K: (Q6K_BYTES, _q6k_quants, _q6k_scales), KIND_Q3K: (Q3K_BYTES, _q3k_quants, _q3k_scales),
+              KIND_Q2K: (Q2K_BYTES, _q2k_quants, _q2k_scales)}
+# _DOT[kind][nt]: rows-dot intrinsic for 1, 2 or 4 tokens
+_DOT = {kind: {nt: _make_rows_dot(kind in _TYPES_K16, *spec, nt) for nt in (1, 2, 4)}
+        for kind, spec in {**_TYPES_K32, **_TYPES_K16}.items()}
+_q4k_dot1, _q4k_dot2, _q4k_dot4 = (_DOT[KIND_Q4K][t] for t in (1, 2, 4))
+_q5k_dot1, _q5k_dot2, _q5k_dot4 = (_DOT[KIND_Q5K][t] for t in (1, 2, 4))
+_iq4xs_dot1, _iq4xs_dot2, _iq4xs_dot4 = (_DOT[KIND_IQ4XS][t] for t in (1, 2, 4))
+_q6k_dot1, _q6k_dot2, _q6k_dot4 = (_DOT[KIND_Q6K][t] for t in (1, 2, 4))
+_q3k_dot1, _q3k_dot2, _q3k_dot4 = (_DOT[KIND_Q3K][t] for t in (1, 2, 4))
+_q2k_dot1, _q2k_dot2, _q2k_dot4 = (_DOT[KIND_Q2K][t] for t in (1, 2, 4))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride):
+    """Dots of two rows of type `kind` (nsb superblocks at bytes woff0 / woff1 of w; may be the same
+    row) with nt (1, 2 or 4) tokens' int8 activations (token t at element xoff + t·xstride of x),
+    written to out's flat elements o0 + t·ostride / o1 + t·ostride. xa / xb float32 hold token t's
+    activation terms from element doff + t·dstride on: per-32 types the block scales and scale ×
+    block sums [k/32]; per-16 types (Q6_K, Q3_K, Q2_K) per 16-half the block scale and scale ×
+    half sum [k/16]. Each superblock is unpacked once for all nt tokens."""
+    if kind == KIND_Q4K:
+        if nt == 4:
+            _q4k_dot4(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        elif nt == 2:
+            _q4k_dot2(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        else:
+            _q4k_dot1(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    elif kind == KIND_Q6K:
+        if nt == 4:
+            _q6k_dot4(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        elif nt == 2:
+            _q6k_dot2(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        else:
+            _q6k_dot1(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    elif kind == KIND_Q5K:
+        if nt == 4:
+            _q5k_dot4(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        elif nt == 2:
+            _q5k_dot2(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        else:
+            _q5k_dot1(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    elif kind == KIND_IQ4XS:
+        if nt == 4:
+            _iq4xs_dot4(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        elif nt == 2:
+            _iq4xs_dot2(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        else:
+            _iq4xs_dot1(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    elif kind == KIND_Q3K:
+        if nt == 4:
+            _q3k_dot4(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        elif nt == 2:
+            _q3k_dot2(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        else:
+            _q3k_dot1(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    else:
+        if nt == 4:
+            _q2k_dot4(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        elif nt == 2:
+            _q2k_dot2(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+        else:
+            _q2k_dot1(w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
 
 
 # ------------------------------------------------------------------------------- gemm tile

@@ -22,9 +22,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.kquant_simd import (
-    TILE_ROWS, TOKENS, iq4xs_decode_row, iq4xs_row_dot2, q2k_decode_row, q2k_row_dot2, q3k_decode_row,
-    q3k_row_dot2, q4k_decode_row, q4k_row_dot2, q5k_decode_row, q5k_row_dot2, q6k_decode_row, q6k_row_dot2,
-    tile_dot_s16_b16, tile_dot_s32_b32,
+    GEMV_TOKENS, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, TILE_ROWS, TOKENS,
+    iq4xs_decode_row, q2k_decode_row, q3k_decode_row, q4k_decode_row, q5k_decode_row, q6k_decode_row,
+    rows_dot, tile_dot_s16_b16, tile_dot_s32_b32,
 )
 
 QK_K = 256  # elements per superblock
@@ -36,8 +36,9 @@ _GEMM_TASKS = 64
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
 
-# gemm decode kinds (run-time branches in one compiled row kernel)
-_KIND_Q4K, _KIND_Q6K, _KIND_IQ4XS, _KIND_Q5K, _KIND_Q3K, _KIND_Q2K = 0, 1, 2, 3, 4, 5
+# type kinds (run-time branches in one compiled gemv and one compiled gemm)
+_KIND_Q4K, _KIND_Q6K, _KIND_IQ4XS, _KIND_Q5K = KIND_Q4K, KIND_Q6K, KIND_IQ4XS, KIND_Q5K
+_KIND_Q3K, _KIND_Q2K = KIND_Q3K, KIND_Q2K
 
 
 # ------------------------------------------------------------------------------- gemv
@@ -55,91 +56,47 @@ def _block_sums(xd, xs):
     return xm
 
 
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_q4_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q4_K rows, two rows per row-dot call; meant for small n."""
-    m, rb = w.shape
-    n, k = xq.shape
-    xm = _block_sums(xd, xs)  # [n, k/32]
-    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
-            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
-            for t in range(n):
-                q4k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_q5_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q5_K rows, two rows per row-dot call; meant for small n."""
-    m, rb = w.shape
-    n, k = xq.shape
-    xm = _block_sums(xd, xs)  # [n, k/32]
-    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
-            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
-            for t in range(n):
-                q5k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_iq4_xs(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for IQ4_XS rows, two rows per row-dot call; meant for small n."""
-    m, rb = w.shape
-    n, k = xq.shape
-    xm = _block_sums(xd, xs)  # [n, k/32]
-    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
-            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
-            for t in range(n):
-                iq4xs_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd, xm, t * (k // 32), k // QK_K, y, t * m + r, t * m + r1)
-
-
 @nb.njit(cache=True, nogil=True, inline="always")
-def _gemv16(w, xq, xd, xs, y, kind):
-    """y[n, m] = x @ W.T for a per-16-scale type (Q6_K, Q3_K, Q2_K; `kind` a constant at each
-    call site, so each kernel keeps one row dot), two rows per row-dot call."""
-    m, rb = w.shape
+def _half_terms(xq, xd, xs):
+    """(scale, scale × half sum) float32 [n, k/16] per 16 activations (the per-16 types' terms),
+    with the same float ops as _prepare_tiles: d·lo and d·(block sum - lo)."""
     n, k = xq.shape
     n16 = k // 16
-    xd16 = np.empty((n, n16), np.float32)  # [n, k/16] activation scale of each 16-half
-    xs16 = np.empty((n, n16), np.float32)  # [n, k/16] scale × sum of the half (bias term)
+    xd16 = np.empty((n, n16), np.float32)  # [n, k/16]
+    xs16 = np.empty((n, n16), np.float32)  # [n, k/16]
     for t in range(n):
-        for h in range(n16):
-            d = xd[t, h // 2]
+        for b in range(k // 32):
+            d = xd[t, b]
             lo = np.int32(0)
             for l in range(16):
-                lo = np.int32(lo + np.int32(xq[t, 16 * (h & ~1) + l]))
-            # the same float ops as _prepare_tiles: d·lo and d·(block sum - lo)
-            xd16[t, h] = d
-            xs16[t, h] = d * np.float32(lo) if h % 2 == 0 else d * np.float32(xs[t, h // 2] - lo)
+                lo = np.int32(lo + np.int32(xq[t, 32 * b + l]))
+            xd16[t, 2 * b] = d
+            xd16[t, 2 * b + 1] = d
+            xs16[t, 2 * b] = d * np.float32(lo)
+            xs16[t, 2 * b + 1] = d * np.float32(xs[t, b] - lo)
+    return xd16, xs16
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def gemv_kquant(w, xq, xd, xs, y, kind):
+    """y[n, m] = x @ W.T for every type (`kind`, a KIND_* constant, picks the row unpacker), meant
+    for small n: per pair of rows, each superblock is unpacked once for up to GEMV_TOKENS tokens."""
+    m, rb = w.shape
+    n, k = xq.shape
+    if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
+        xa, xb = _half_terms(xq, xd, xs)  # [n, k/16] each
+    else:
+        xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
+    nf = xa.shape[1]
+    nsb = k // QK_K
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
-            for t in range(n):
-                if kind == _KIND_Q6K:
-                    q6k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
-                elif kind == _KIND_Q3K:
-                    q3k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
-                else:
-                    q2k_row_dot2(w, r * rb, r1 * rb, xq, t * k, xd16, xs16, t * n16, k // QK_K, y, t * m + r, t * m + r1)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_q6_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q6_K rows; meant for small n."""
-    _gemv16(w, xq, xd, xs, y, _KIND_Q6K)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_q3_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q3_K rows; meant for small n."""
-    _gemv16(w, xq, xd, xs, y, _KIND_Q3K)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_q2_k(w, xq, xd, xs, y):
-    """y[n, m] = x @ W.T for Q2_K rows; meant for small n."""
-    _gemv16(w, xq, xd, xs, y, _KIND_Q2K)
+            t = 0
+            while t < n:
+                nt = GEMV_TOKENS if n - t >= GEMV_TOKENS else (2 if n - t >= 2 else 1)
+                rows_dot(kind, nt, w, r * rb, r1 * rb, xq, t * k, k, xa, xb, t * nf, nf, nsb, y, t * m + r, t * m + r1, m)
+                t += nt
 
 
 # ------------------------------------------------------------------------------- gemm
@@ -284,15 +241,11 @@ class TypedKernel:
         return f"<TypedKernel {self.__name__}>"
 
 
-def _gemm_for(qtype, kind: int) -> TypedKernel:
-    return TypedKernel(f"gemm_{qtype.name.lower()}", gemm_kquant, kind)
+def _pair(qtype, kind: int):
+    name = qtype.name.lower()
+    return TypedKernel(f"gemv_{name}", gemv_kquant, kind), TypedKernel(f"gemm_{name}", gemm_kquant, kind)
 
 
-KERNELS = {
-    T.Q2_K: (gemv_q2_k, _gemm_for(T.Q2_K, _KIND_Q2K)),
-    T.Q3_K: (gemv_q3_k, _gemm_for(T.Q3_K, _KIND_Q3K)),
-    T.Q4_K: (gemv_q4_k, _gemm_for(T.Q4_K, _KIND_Q4K)),
-    T.Q5_K: (gemv_q5_k, _gemm_for(T.Q5_K, _KIND_Q5K)),
-    T.Q6_K: (gemv_q6_k, _gemm_for(T.Q6_K, _KIND_Q6K)),
-    T.IQ4_XS: (gemv_iq4_xs, _gemm_for(T.IQ4_XS, _KIND_IQ4XS)),
-}
+KERNELS = {qtype: _pair(qtype, kind) for qtype, kind in (
+    (T.Q2_K, KIND_Q2K), (T.Q3_K, KIND_Q3K), (T.Q4_K, KIND_Q4K), (T.Q5_K, KIND_Q5K), (T.Q6_K, KIND_Q6K),
+    (T.IQ4_XS, KIND_IQ4XS))}

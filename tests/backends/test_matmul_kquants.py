@@ -128,15 +128,17 @@ def test_vector_paths(use_vnni):
         rng = np.random.default_rng(4)
         x = rng.standard_normal((17, 512)).astype(np.float32)
         rows_kernel = _fresh(mk._gemm_rows)
-        for qtype, gemv, kind in ((T.Q4_K, mk.gemv_q4_k, mk._KIND_Q4K), (T.Q5_K, mk.gemv_q5_k, mk._KIND_Q5K),
-                                  (T.Q6_K, mk.gemv_q6_k, mk._KIND_Q6K), (T.Q3_K, mk.gemv_q3_k, mk._KIND_Q3K),
-                                  (T.Q2_K, mk.gemv_q2_k, mk._KIND_Q2K), (T.IQ4_XS, mk.gemv_iq4_xs, mk._KIND_IQ4XS)):
+        gemv = _fresh(mk.gemv_kquant)
+        for qtype, kind in ((T.Q4_K, mk._KIND_Q4K), (T.Q5_K, mk._KIND_Q5K), (T.Q6_K, mk._KIND_Q6K),
+                            (T.Q3_K, mk._KIND_Q3K), (T.Q2_K, mk._KIND_Q2K), (T.IQ4_XS, mk._KIND_IQ4XS)):
             w = random_qtensor(qtype, 7, 512, seed=9)
             ref = x @ reference_dequantize(w).T
-            fresh = _fresh(gemv)
-            assert _rel_err(_run(fresh, w, x), ref) < REL_ERR[qtype]
-            assert _rel_err(_tiled_gemm(rows_kernel, kind, w, x), ref) < REL_ERR[qtype]
-            assert ("vpdpbusd" in fresh.inspect_asm(fresh.signatures[0])) == use_vnni
+            y_gemv = _run(lambda *a: gemv(*a, kind), w, x)
+            y_gemm = _tiled_gemm(rows_kernel, kind, w, x)
+            assert _rel_err(y_gemv, ref) < REL_ERR[qtype]
+            assert _rel_err(y_gemm, ref) < REL_ERR[qtype]
+            assert np.array_equal(y_gemv, y_gemm), f"{qtype.name}: gemv and gemm differ"
+        assert ("vpdpbusd" in gemv.inspect_asm(gemv.signatures[0])) == use_vnni
         assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
     finally:
         kquant_simd.USE_VNNI, kquant_simd.USE_F16C = saved
@@ -162,3 +164,17 @@ def test_real_tensors_of_default_model():
         gemv, gemm = mk.KERNELS[qtype]
         assert _rel_err(_run(gemv, w, x[:1]), ref[:1]) < REL_ERR[qtype]
         assert _rel_err(_run(gemm, w, x), ref) < REL_ERR[qtype]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_batch_size_gives_identical_rows(qtype):
+    """gemv at n = 1..7 (token groups of 4, 2 and 1 sharing each unpacked superblock) and gemm at
+    n = 5 and 17 give each token bit-identical outputs (batch invariance), odd m included."""
+    w = random_qtensor(qtype, 9, 512, seed=6)
+    x = np.random.default_rng(7).standard_normal((17, 512)).astype(np.float32)  # [17, k]
+    gemv, gemm = mk.KERNELS[qtype]
+    alone = np.concatenate([_run(gemv, w, x[t : t + 1]) for t in range(17)])  # [17, m]
+    for n in range(2, 8):
+        np.testing.assert_array_equal(_run(gemv, w, x[:n]), alone[:n], err_msg=f"gemv n={n}")
+    for n in (5, 17):
+        np.testing.assert_array_equal(_run(gemm, w, x[:n]), alone[:n], err_msg=f"gemm n={n}")
