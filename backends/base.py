@@ -52,6 +52,21 @@ class Batch:
     logits_indices: np.ndarray  # int32 [n_out]: rows of the batch whose logits are returned
     block_size: int = 16
 
+    @classmethod
+    def single(cls, token_ids, start: int, num_blocks: int, block_size: int = 16,
+               logits_indices=None) -> "Batch":
+        """One sequence stored in blocks 0..num_blocks-1 in order, adding `token_ids` at positions
+        start.. (warm-up, perplexity, benchmarks); logits for the last token unless given."""
+        ids = np.asarray(token_ids, dtype=np.int32)  # [n]
+        n = ids.shape[0]
+        pos = np.arange(start, start + n, dtype=np.int32)  # [n]
+        if logits_indices is None:
+            logits_indices = np.array([n - 1], dtype=np.int32)
+        return cls(token_ids=ids, positions=pos, seq_starts=np.array([0, n], dtype=np.int32),
+                   seq_lens=np.array([start + n], dtype=np.int32),
+                   block_tables=np.arange(num_blocks, dtype=np.int32)[None, :], slot_mapping=pos.copy(),
+                   logits_indices=np.asarray(logits_indices, dtype=np.int32), block_size=block_size)
+
     @property
     def n_tokens(self) -> int:
         return int(self.token_ids.shape[0])

@@ -41,13 +41,7 @@ def warm_up(model, sizes=_WARMUP_SIZES, progress: Progress | None = None) -> flo
     bs = 16
     kv = model.allocate_kv(4, bs)
     for n in sizes:
-        ids = np.zeros(n, dtype=np.int32)
-        pos = np.arange(n, dtype=np.int32)
-        batch = Batch(token_ids=ids, positions=pos, seq_starts=np.array([0, n], dtype=np.int32),
-                      seq_lens=np.array([n], dtype=np.int32),
-                      block_tables=np.arange(4, dtype=np.int32)[None, :], slot_mapping=pos,
-                      logits_indices=np.array([n - 1], dtype=np.int32), block_size=bs)
-        model.forward(batch, kv)
+        model.forward(Batch.single(np.zeros(n, dtype=np.int32), 0, 4, bs), kv)
         if progress is not None:
             progress.advance(1, f"{n}-token pass")
     return time.perf_counter() - t0

@@ -39,16 +39,12 @@ def perplexity(model, tokens: list[int], bos_id: int, ctx: int = 512,
     n_blocks = -(-ctx // block_size)
     kv = model.allocate_kv(n_blocks, block_size)
     first = ctx // 2
-    pos = np.arange(ctx, dtype=np.int32)  # [ctx]
     nll_sum, n_scored = 0.0, 0
     for c in range(n_chunks):
         chunk = np.asarray(tokens[c * ctx : (c + 1) * ctx], dtype=np.int32)  # [ctx]
         chunk[0] = bos_id
-        batch = Batch(token_ids=chunk, positions=pos, seq_starts=np.array([0, ctx], dtype=np.int32),
-                      seq_lens=np.array([ctx], dtype=np.int32),
-                      block_tables=np.arange(n_blocks, dtype=np.int32)[None, :],
-                      slot_mapping=pos.copy(),
-                      logits_indices=np.arange(first, ctx - 1, dtype=np.int32), block_size=block_size)
+        batch = Batch.single(chunk, 0, n_blocks, block_size,
+                             logits_indices=np.arange(first, ctx - 1, dtype=np.int32))
         logits = model.forward(batch, kv)  # [ctx - 1 - first, V]: positions first..ctx-2
         lp = _log_softmax_at(logits, chunk[first + 1 : ctx])
         nll_sum -= float(lp.sum())
