@@ -8,22 +8,25 @@ Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c
 (c = -offset·d for the symmetric types, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
 int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
-gemv (n small): one row · all n tokens per simd.rows_dot_tokens call, which decodes each raw
-block in registers once for every token; IQ4_NL (a codebook lookup) decodes each row once and uses plain Numba block dots. Both
-compute gemm's per-block term in gemm's order, so a token's output is bit-identical whichever
-kernel its batch size selects (batch invariance).
+gemv (n small): per row, simd.rows_dot8 decodes each group of 8 raw blocks once for every token,
+transposes it in registers and sums 8 whole blocks per vpdpbusd lane against activations repacked
+once per call (simd.repack_groups8); IQ4_NL (a codebook lookup) decodes each row once and uses
+plain Numba block dots.
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
-per-block scales and sums), then simd.row_tile_dot_raw multiplies each raw weight row by every
+per-block scales and sums), then simd.row_tile_dot_raw8 multiplies each raw weight row by every
 tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no per-token
-horizontal sums. IQ4_NL decodes each row once into unsigned bytes and uses simd.row_tile_dot.
+horizontal sums. IQ4_NL decodes each row once into unsigned bytes and uses simd.row_tile_dot8.
+
+Every kernel adds the per-block float terms in simd's canonical 8-lane order, so a token's output
+is bit-identical whichever kernel its batch size selects (batch invariance).
 """
 
 import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, row_dot, row_tile_dot, row_tile_dot_raw, rows_dot_tokens
+from edged.backends.cpu.simd import GROUPS, TOKENS, repack_groups8, row_tile_dot8, row_tile_dot_raw8, rows_dot8
 from edged.quant.f16 import f16_at
 
 QK = 32
@@ -54,13 +57,15 @@ def _scales(row, bsize, off, d):
 @nb.njit(nogil=True, cache=True, inline="always")
 def _gemv_raw(w, xq, xd, xs, y, kind):
     """Small-n matmul over raw blocks of LAYOUTS[kind] (`kind` a constant at each call site, so
-    each kernel compiles its own row dot); parallel over rows."""
-    if xq.shape[0] == 1:  # the accumulator stays in a register
-        for r in nb.prange(w.shape[0]):
-            y[0, r] = row_dot(w[r], kind, xq[0], xd[0], xs[0])
-    else:
-        for r in nb.prange(w.shape[0]):
-            rows_dot_tokens(w[r], kind, xq, xd, xs, y, r)
+    each kernel compiles its own row dot); parallel over rows, every token of a row at once."""
+    m = w.shape[0]
+    n, k = xq.shape
+    xt = np.empty((n, ((k // QK + 7) // 8) * 256), np.int8)  # [n, groups·256] 8-block groups, transposed
+    repack_groups8(xq, xt)
+    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        acc = np.empty(8 * n, np.float32)  # [n, 8] lane accumulators
+        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
+            rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
@@ -104,6 +109,7 @@ def gemv_iq4_nl(w, xq, xd, xs, y):
     for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         d = np.empty(nblk, np.float32)
         u = np.empty(k, np.uint8)  # [k] codebook values of the row (+128), looked up once
+        lanes = np.empty(8, np.float32)  # canonical 8-lane accumulators (simd.py)
         for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
             row = w[r]
             _scales(row, 18, 0, d)
@@ -113,16 +119,16 @@ def gemv_iq4_nl(w, xq, xd, xs, y):
                     u[b * QK + j] = lut[v & np.uint8(15)]
                     u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
             for t in range(n):
-                acc = np.float32(0.0)
+                lanes[:] = 0.0
                 for b in range(nblk):
                     xo = b * QK
                     s = np.int32(0)
                     for j in range(QK):
                         s = np.int32(s + np.int32(u[xo + j]) * np.int32(xq[t, xo + j]))
-                    # gemm's term and order exactly (c = -128·d): results never depend on n
+                    # gemm's term and canonical lane order exactly (c = -128·d): results never depend on n
                     c = np.float32(-128.0) * d[b]
-                    acc = acc + xd[t, b] * (d[b] * np.float32(s) + c * np.float32(xs[t, b]))
-                y[t, r] = acc
+                    lanes[b & 7] += xd[t, b] * (d[b] * np.float32(s) + c * np.float32(xs[t, b]))
+                y[t, r] = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
 
 
 # ---------------------------------------------------------------- gemm: decoded rows × token tiles
@@ -187,17 +193,17 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
             for tile in range(ntile):
                 # raw blocks decode in registers (the kind must be a literal for the intrinsic)
                 if kind == _Q8_0:
-                    row_tile_dot_raw(row, 0, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw8(row, 0, xi[tile], xdt[tile], xst[tile], acc)
                 elif kind == _Q4_0:
-                    row_tile_dot_raw(row, 1, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw8(row, 1, xi[tile], xdt[tile], xst[tile], acc)
                 elif kind == _Q4_1:
-                    row_tile_dot_raw(row, 2, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw8(row, 2, xi[tile], xdt[tile], xst[tile], acc)
                 elif kind == _Q5_0:
-                    row_tile_dot_raw(row, 3, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw8(row, 3, xi[tile], xdt[tile], xst[tile], acc)
                 elif kind == _Q5_1:
-                    row_tile_dot_raw(row, 4, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw8(row, 4, xi[tile], xdt[tile], xst[tile], acc)
                 else:
-                    row_tile_dot(u, 32, 0, 0, d, c, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot8(u, 32, 0, 0, d, c, xi[tile], xdt[tile], xst[tile], acc)
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):
                     yt[tile * TOKENS + t, i] = acc[t]
         for t in range(n_live):

@@ -1,13 +1,16 @@
 """SIMD primitives the integer matmul kernels need and LLVM will not find on its own.
 
-row_dot (gemv): one raw weight row · one token; blocks decode in registers, 8 float lanes
-accumulate, one horizontal sum per row. row_tile_dot / row_tile_dot_raw (gemm): one weight row ·
-a 16-token tile whose int8 activations are laid out "4-interleaved" ([8 groups][16 tokens][4
-bytes]) per block, giving 16 token lanes — no horizontal sum per token, which is what makes a
-gemm tile cheap. On AVX-512 VNNI hosts the block dot is `vpdpbusd` with broadcast weights;
-elsewhere portable LLVM vector IR (zext × sext, then sums of 4 lanes). The choice is made at
-compile time from the host's features; Numba's on-disk cache keys on the CPU name and features,
-so a cached kernel never runs on a host it was not built for.
+rows_dot8 (gemv, any small n): one raw weight row · every token; each group of 8 blocks is decoded
+once, transposed in registers and dotted against activations repacked the same way
+(repack_groups8), so one vpdpbusd per 4-byte group sums 8 whole blocks into 8 int32 lanes — no
+horizontal sum per block or per token. row_tile_dot8 / row_tile_dot_raw8 (gemm): one weight row ·
+a 16-token tile whose int8 activations are "4-interleaved" ([8 groups][16 tokens][4 bytes]) per
+block, giving 16 token lanes. Both add the per-block float terms in one canonical 8-lane order (see
+"canonical 8-lane float order" below), so a token's output is bit-identical in gemv and gemm.
+On AVX-512 VNNI hosts the block dot is `vpdpbusd`; elsewhere portable LLVM vector IR (zext × sext,
+then sums of 4 lanes). The choice is made at compile time from the host's features; Numba's
+on-disk cache keys on the CPU name and features, so a cached kernel never runs on a host it was
+not built for.
 """
 
 import llvmlite.binding as llvm
@@ -82,77 +85,9 @@ def _f32_ptr(context, builder, arrty, arr):
     return builder.bitcast(ary.data, ir.FloatType().as_pointer())
 
 
-@intrinsic
-def _row_tile_dot(typingctx, u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
-    """out[t] = Σ_b xdt[b,t] · (d[b] · Σ_j u'[b,j]·x_t[32b+j] + c[b] · xst[b,t]) for 16 tokens t,
-    u'[b, j] = u[b·ustride + uoff + j] ^ umask-byte."""
-    f32a = lambda a: isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1  # noqa: E731
-    ok = (
-        isinstance(u, types.Array) and u.dtype == types.uint8 and u.ndim == 1
-        and isinstance(xi, types.Array) and xi.dtype == types.int8 and xi.ndim == 1
-        and f32a(d) and f32a(c) and f32a(xdt) and f32a(xst) and f32a(out)
-        and all(isinstance(a, types.Integer) for a in (ustride, uoff, umask))
-    )
-    if not ok:
-        return None
-    sig = types.void(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
+# ---------------------------------------------------------------- raw block decoding
 
-    def codegen(context, builder, signature, args):
-        ua, us, uo, um, da, ca, xa, xda, xsa, oa = args
-        sa = signature.args
-        us = context.cast(builder, us, sa[1], types.intp)
-        uo = context.cast(builder, uo, sa[2], types.intp)
-        um = builder.trunc(context.cast(builder, um, sa[3], types.int64), _I32)
-        mask = um  # i32, applied to each 4-byte weight word
-        at = (sa[0],) + sa[4:]
-        f32 = ir.FloatType()
-        v16f = ir.VectorType(f32, 16)
-        nblk = context.make_array(at[1])(context, builder, da).shape
-        nblk = builder.extract_value(nblk, 0)
-        up = _byte_ptr(context, builder, at[0], ua, uo)
-        xp = _byte_ptr(context, builder, at[3], xa, ir.Constant(ir.IntType(64), 0))
-        dp, cp = _f32_ptr(context, builder, at[1], da), _f32_ptr(context, builder, at[2], ca)
-        xdp, xsp = _f32_ptr(context, builder, at[4], xda), _f32_ptr(context, builder, at[5], xsa)
-        accp = cgutils.alloca_once_value(builder, ir.Constant(v16f, None))
-        zero16 = ir.Constant(_V16I32, [0] * 16)
-        with cgutils.for_range(builder, nblk) as loop:
-            b = loop.index
-            wb = builder.gep(up, [builder.mul(b, us)])
-            xb = builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))])
-            s = _vnni_block(builder, wb, xb, mask) if USE_VNNI else _generic_block(builder, wb, xb, mask)
-            sf = builder.sitofp(s, v16f)
-            off16 = builder.mul(b, ir.Constant(b.type, 16))
-            xdv = builder.load(builder.bitcast(builder.gep(xdp, [off16]), v16f.as_pointer()), align=4)
-            xsv = builder.load(builder.bitcast(builder.gep(xsp, [off16]), v16f.as_pointer()), align=4)
-            db = builder.load(builder.gep(dp, [b]))
-            cb = builder.load(builder.gep(cp, [b]))
-            dv = builder.shuffle_vector(builder.insert_element(ir.Constant(v16f, ir.Undefined), db, ir.Constant(_I32, 0)), ir.Constant(v16f, ir.Undefined), zero16)
-            cv = builder.shuffle_vector(builder.insert_element(ir.Constant(v16f, ir.Undefined), cb, ir.Constant(_I32, 0)), ir.Constant(v16f, ir.Undefined), zero16)
-            term = builder.fmul(xdv, builder.fadd(builder.fmul(dv, sf), builder.fmul(cv, xsv)))
-            builder.store(builder.fadd(builder.load(accp), term), accp)
-        builder.store(builder.load(accp), builder.bitcast(_f32_ptr(context, builder, at[6], oa), v16f.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def row_tile_dot(u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
-    """One weight row against one 16-token tile, over all k/32 blocks (accumulator in a register):
-    out[t] = Σ_b xdt[16b+t] · (d[b] · Σ_{j<32} u'[b,j]·x_t[32b+j] + c[b] · xst[16b+t]).
-
-    u' [b, j] = u[b·ustride + uoff + j] ^ (byte of umask): unsigned weight bytes, either a decoded
-    row (ustride 32, uoff 0, umask 0) or raw blocks read in place (Q8_0: 34, 2, 0x80808080 turns
-    its int8 into q + 128); d, c float32 [k/32] block scale and bias; xi int8 [k/32 · 512]
-    4-interleaved tile; xdt, xst float32 [k/32 · 16] activation scales and sums; out float32 [16].
-    Sizes are not checked: the caller guarantees them.
-    """
-    _row_tile_dot(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
-
-
-# ---------------------------------------------------------------- gemv: one row · one token
-
-# raw block layouts read in place by row_dot: (block bytes, quants offset, qh offset or -1, min offset or -1,
+# raw block layouts decoded in registers: (block bytes, quants offset, qh offset or -1, min offset or -1,
 # nibbles?, bias offset for the symmetric types)
 LAYOUTS = {
     0: (34, 2, -1, -1, False, -128.0),  # Q8_0: int8 q, read as q ^ 0x80
@@ -206,73 +141,135 @@ def _dot32(builder, u, x):
     return acc
 
 
+# ---------------------------------------------------------------- canonical 8-lane float order
+#
+# Batch invariance needs gemv and gemm to add a row's per-block float terms in one fixed order.
+# The order shared by rows_dot8 (gemv) and row_tile_dot8 / row_tile_dot_raw8 (gemm):
+#   lane j (0..7) = 0.0 + T_j + T_{j+8} + T_{j+16} + ... (blocks b ≡ j mod 8, increasing b),
+#   result        = ((L0 + L4) + (L2 + L6)) + ((L1 + L5) + (L3 + L7)),
+# with T_b = xd_b · (d_b · s_b + c_b · xs_b). gemv then holds 8 blocks in the 8 lanes of one
+# vector (no horizontal sum per block), gemm holds 8 independent accumulators per token lane.
+
+
+def _tree8_vectors(builder, lanes):
+    """The canonical final tree over the 8 lane accumulators (vectors: one lane per token)."""
+    a = [builder.fadd(lanes[i], lanes[i + 4]) for i in range(4)]
+    return builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))
+
+
+def _tree8_lanes(builder, v):
+    """The same tree over the 8 lanes of one <8 x float> vector -> float."""
+    undef = ir.Constant(v.type, ir.Undefined)
+    idx = lambda ix: ir.Constant(ir.VectorType(_I32, len(ix)), ix)  # noqa: E731
+    a = builder.fadd(builder.shuffle_vector(v, undef, idx([0, 1, 2, 3])), builder.shuffle_vector(v, undef, idx([4, 5, 6, 7])))
+    u4 = ir.Constant(a.type, ir.Undefined)
+    b = builder.fadd(builder.shuffle_vector(a, u4, idx([0, 1])), builder.shuffle_vector(a, u4, idx([2, 3])))
+    return builder.fadd(builder.extract_element(b, ir.Constant(_I32, 0)), builder.extract_element(b, ir.Constant(_I32, 1)))
+
+
+def _tile_sum8(builder, nblk, term):
+    """Σ_b term(b) (<16 x float> per block) in the canonical 8-lane order, for b < nblk."""
+    v16f = ir.VectorType(ir.FloatType(), 16)
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(v16f, None)) for _ in range(8)]
+    eight = ir.Constant(nblk.type, 8)
+    ngroup = builder.udiv(nblk, eight)
+    with cgutils.for_range(builder, ngroup) as loop:
+        base = builder.mul(loop.index, eight)
+        for j in range(8):  # unrolled: 8 independent add chains
+            t = term(builder.add(base, ir.Constant(base.type, j)))
+            builder.store(builder.fadd(builder.load(accs[j]), t), accs[j])
+    base = builder.mul(ngroup, eight)
+    rem = builder.sub(nblk, base)
+    for j in range(7):
+        with builder.if_then(builder.icmp_unsigned(">", rem, ir.Constant(rem.type, j))):
+            t = term(builder.add(base, ir.Constant(base.type, j)))
+            builder.store(builder.fadd(builder.load(accs[j]), t), accs[j])
+    return _tree8_vectors(builder, [builder.load(a) for a in accs])
+
+
+def _splat_f(builder, val, vty):
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
+
+
+def _tile_term(builder, s, d, c, xdp, xsp, b):
+    """<16 x float> xdt[16b:16b+16] · (d · float(s) + c · xst[16b:16b+16])."""
+    v16f = ir.VectorType(ir.FloatType(), 16)
+    sf = builder.sitofp(s, v16f)
+    off16 = builder.mul(b, ir.Constant(b.type, TOKENS))
+    xdv = builder.load(builder.bitcast(builder.gep(xdp, [off16]), v16f.as_pointer()), align=4)
+    xsv = builder.load(builder.bitcast(builder.gep(xsp, [off16]), v16f.as_pointer()), align=4)
+    return builder.fmul(xdv, builder.fadd(builder.fmul(_splat_f(builder, d, v16f), sf), builder.fmul(_splat_f(builder, c, v16f), xsv)))
+
+
+def _tile_block_int(builder, words_ptr, xb, mask=None):
+    """<16 x i32> block sums of 16 tokens: 8 weight words at i8* words_ptr (broadcast from memory)
+    against a 4-interleaved 512-byte tile block at i8* xb."""
+    if USE_VNNI:
+        return _vnni_block(builder, words_ptr, xb, mask)
+    return _generic_block(builder, words_ptr, xb, mask)
+
+
 @intrinsic
-def _row_dot(typingctx, row, kind, xq, xd, xs):
-    """Σ_b xd[b] · (d_b · Σ_j u_bj xq[32b+j] + c_b · xs[b]) over the raw blocks of one row."""
+def _row_tile_dot8(typingctx, u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
+    """_row_tile_dot with the canonical 8-lane float order (see simd's canonical order)."""
+    f32a = lambda a: isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1  # noqa: E731
     ok = (
-        isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
-        and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
-        and isinstance(xq, types.Array) and xq.dtype == types.int8 and xq.ndim == 1
-        and isinstance(xd, types.Array) and xd.dtype == types.float32 and xd.ndim == 1
-        and isinstance(xs, types.Array) and xs.dtype == types.int32 and xs.ndim == 1
+        isinstance(u, types.Array) and u.dtype == types.uint8 and u.ndim == 1
+        and isinstance(xi, types.Array) and xi.dtype == types.int8 and xi.ndim == 1
+        and f32a(d) and f32a(c) and f32a(xdt) and f32a(xst) and f32a(out)
+        and all(isinstance(a, types.Integer) for a in (ustride, uoff, umask))
     )
     if not ok:
         return None
-    layout = LAYOUTS[kind.literal_value]
-    sig = types.float32(row, kind, xq, xd, xs)
+    sig = types.void(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
 
     def codegen(context, builder, signature, args):
-        ra, _, xa, xda, xsa = args
-        at = signature.args
-        f32 = ir.FloatType()
-        half = ir.HalfType()
-        nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 0)
-        rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(ir.IntType(64), 0))
-        xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(ir.IntType(64), 0))
-        xdp = _f32_ptr(context, builder, at[3], xda)
-        xsp = builder.bitcast(context.make_array(at[4])(context, builder, xsa).data, _I32.as_pointer())
-        accp = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
-        size, _, _, moff, _, cfix = layout
-        v8i32 = ir.VectorType(_I32, 8)
-        reduce_add = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_I32, [v8i32]), "llvm.vector.reduce.add.v8i32")
+        ua, us, uo, um, da, ca, xa, xda, xsa, oa = args
+        sa = signature.args
+        us = context.cast(builder, us, sa[1], types.intp)
+        uo = context.cast(builder, uo, sa[2], types.intp)
+        mask = builder.trunc(context.cast(builder, um, sa[3], types.int64), _I32)
+        nblk = builder.extract_value(context.make_array(sa[4])(context, builder, da).shape, 0)
+        up = _byte_ptr(context, builder, sa[0], ua, uo)
+        xp = _byte_ptr(context, builder, sa[6], xa, ir.Constant(ir.IntType(64), 0))
+        dp, cp = _f32_ptr(context, builder, sa[4], da), _f32_ptr(context, builder, sa[5], ca)
+        xdp, xsp = _f32_ptr(context, builder, sa[7], xda), _f32_ptr(context, builder, sa[8], xsa)
 
-        def f16(blk, off):
-            p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
-            return builder.fpext(builder.load(p, align=1), f32)
+        def term(b):
+            s = _tile_block_int(builder, builder.gep(up, [builder.mul(b, us)]), builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))]), mask)
+            return _tile_term(builder, s, builder.load(builder.gep(dp, [b])), builder.load(builder.gep(cp, [b])), xdp, xsp, b)
 
-        # Same per-block term and the same sequential float order as _row_tile_dot_raw (gemm):
-        # a token's result does not depend on which kernel the batch size picked.
-        with cgutils.for_range(builder, nblk) as loop:
-            b = loop.index
-            blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
-            u = _block_u8(builder, blk, layout)
-            xv = builder.load(builder.bitcast(builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 32))]), ir.VectorType(_I8, 32).as_pointer()), align=1)
-            sf = builder.sitofp(builder.call(reduce_add, [_dot32(builder, u, xv)]), f32)  # exact int sum
-            d = f16(blk, 0)
-            xdb = builder.load(builder.gep(xdp, [b]))
-            c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
-            xsb = builder.sitofp(builder.load(builder.gep(xsp, [b])), f32)
-            term = builder.fmul(xdb, builder.fadd(builder.fmul(d, sf), builder.fmul(c, xsb)))
-            builder.store(builder.fadd(builder.load(accp), term), accp)
-        return builder.load(accp)
+        tot = _tile_sum8(builder, nblk, term)
+        builder.store(tot, builder.bitcast(_f32_ptr(context, builder, sa[9], oa), tot.type.as_pointer()), align=4)
+        return context.get_dummy_value()
 
     return sig, codegen
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def row_dot(row, kind, xq, xd, xs):
-    """float32 Σ_j w_j·x_j for one raw row of 32-element blocks and one token's quantized x:
-    Σ_b xd[b] · (d_b · Σ_j u_bj·xq[32b+j] + c_b · xs[b]). `kind` must be a compile-time constant,
-    a key of LAYOUTS (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1); the blocks decode in registers.
-    Bit-identical to row_tile_dot_raw's lane for the same token (batch invariance). Sizes are not
-    checked."""
-    return _row_dot(row, kind, xq, xd, xs)
+def row_tile_dot8(u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
+    """row_tile_dot (same arguments) in the canonical 8-lane float order shared with rows_dot8."""
+    _row_tile_dot8(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
+
+
+def _f16_at(builder, blk, off):
+    p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), ir.HalfType().as_pointer())
+    return builder.fpext(builder.load(p, align=1), ir.FloatType())
+
+
+def _block_scale_bias(builder, blk, layout):
+    """(d, c) floats of one raw block: c = fp16 min, or d · (fixed offset) for symmetric types."""
+    _, _, _, moff, _, cfix = layout
+    d = _f16_at(builder, blk, 0)
+    c = _f16_at(builder, blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(ir.FloatType(), cfix))
+    return d, c
 
 
 @intrinsic
-def _row_tile_dot_raw(typingctx, row, kind, xi, xdt, xst, out):
-    """row_tile_dot on a raw row of LAYOUTS[kind] blocks, decoded in registers."""
+def _row_tile_dot_raw8(typingctx, row, kind, xi, xdt, xst, out):
+    """_row_tile_dot_raw with the canonical 8-lane float order."""
     f32a = lambda a: isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1  # noqa: E731
     ok = (
         isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
@@ -288,132 +285,216 @@ def _row_tile_dot_raw(typingctx, row, kind, xi, xdt, xst, out):
     def codegen(context, builder, signature, args):
         ra, _, xa, xda, xsa, oa = args
         at = signature.args
-        f32 = ir.FloatType()
-        half = ir.HalfType()
-        v16f = ir.VectorType(f32, 16)
         v8i32 = ir.VectorType(_I32, 8)
-        size, _, _, moff, _, cfix = layout
+        size = layout[0]
         nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 0)
         nblk = builder.udiv(nblk, ir.Constant(nblk.type, TOKENS))
         rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(ir.IntType(64), 0))
         xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(ir.IntType(64), 0))
         xdp, xsp = _f32_ptr(context, builder, at[3], xda), _f32_ptr(context, builder, at[4], xsa)
-        accp = cgutils.alloca_once_value(builder, ir.Constant(v16f, None))
-        fn = None
-        if USE_VNNI:
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpbusd.512")
+        wbuf = cgutils.alloca_once(builder, v8i32)  # decoded block: weights broadcast from memory
 
-        def f16(blk, off):
-            p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
-            return builder.fpext(builder.load(p, align=1), f32)
-
-        with cgutils.for_range(builder, nblk) as loop:
-            b = loop.index
+        def term(b):
             blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
-            words = builder.bitcast(_block_u8(builder, blk, layout), v8i32)  # 8 groups of 4 unsigned bytes
+            builder.store(builder.bitcast(_block_u8(builder, blk, layout), v8i32), wbuf)
             xb = builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))])
-            if USE_VNNI:
-                accs = [ir.Constant(_V16I32, None)] * 4
-                for g in range(GROUPS):
-                    wv = _splat(builder, builder.extract_element(words, ir.Constant(_I32, g)), _V16I32)
-                    xv = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(_I32, 64 * g)]), _V16I32.as_pointer()), align=1)
-                    accs[g % 4] = builder.call(fn, [accs[g % 4], wv, xv])
-                s = builder.add(builder.add(accs[0], accs[1]), builder.add(accs[2], accs[3]))
-            else:
-                tmp = cgutils.alloca_once(builder, v8i32)
-                builder.store(words, tmp)
-                s = _generic_block(builder, builder.bitcast(tmp, _I8.as_pointer()), xb)
-            sf = builder.sitofp(s, v16f)
-            d = f16(blk, 0)
-            c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
-            off16 = builder.mul(b, ir.Constant(b.type, TOKENS))
-            xdv = builder.load(builder.bitcast(builder.gep(xdp, [off16]), v16f.as_pointer()), align=4)
-            xsv = builder.load(builder.bitcast(builder.gep(xsp, [off16]), v16f.as_pointer()), align=4)
-            term = builder.fmul(xdv, builder.fadd(builder.fmul(_splat(builder, d, v16f), sf), builder.fmul(_splat(builder, c, v16f), xsv)))
-            builder.store(builder.fadd(builder.load(accp), term), accp)
-        builder.store(builder.load(accp), builder.bitcast(_f32_ptr(context, builder, at[5], oa), v16f.as_pointer()), align=4)
+            s = _tile_block_int(builder, builder.bitcast(wbuf, _I8.as_pointer()), xb)
+            d, c = _block_scale_bias(builder, blk, layout)
+            return _tile_term(builder, s, d, c, xdp, xsp, b)
+
+        tot = _tile_sum8(builder, nblk, term)
+        builder.store(tot, builder.bitcast(_f32_ptr(context, builder, at[5], oa), tot.type.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def row_tile_dot_raw(row, kind, xi, xdt, xst, out):
-    """row_tile_dot for one raw row of LAYOUTS[kind] blocks (kind a compile-time constant): the
-    blocks and their fp16 scales are decoded in registers, so the row needs no decode pass."""
-    _row_tile_dot_raw(row, kind, xi, xdt, xst, out)
+def row_tile_dot_raw8(row, kind, xi, xdt, xst, out):
+    """row_tile_dot_raw (same arguments) in the canonical 8-lane float order shared with rows_dot8."""
+    _row_tile_dot_raw8(row, kind, xi, xdt, xst, out)
+
+
+def _transpose8x8(builder, rows):
+    """8 <8 x i32> rows R_j -> 8 columns W_g with W_g[j] = R_j[g] (three unpack/permute stages)."""
+    def sh(a, b, ix):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), ix))
+
+    lo32, hi32 = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    lo64, hi64 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    lo128, hi128 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    a = []
+    for p in range(4):
+        a += [sh(rows[2 * p], rows[2 * p + 1], lo32), sh(rows[2 * p], rows[2 * p + 1], hi32)]
+    # a[2p] = R_{2p},R_{2p+1} groups {0,1 | 4,5}; a[2p+1] groups {2,3 | 6,7}
+    bq = []
+    for h in (0, 4):
+        bq += [sh(a[h], a[h + 2], lo64), sh(a[h], a[h + 2], hi64), sh(a[h + 1], a[h + 3], lo64), sh(a[h + 1], a[h + 3], hi64)]
+    # bq[q] (q<4): R_0..3 group q | group q+4; bq[4+q]: R_4..7 likewise
+    w = [None] * 8
+    for q in range(4):
+        w[q] = sh(bq[q], bq[4 + q], lo128)
+        w[q + 4] = sh(bq[q], bq[4 + q], hi128)
+    return w
+
+
+def _dot8_acc(builder, acc, w, x):
+    """acc + <8 x i32> 4-byte group dots of w (unsigned bytes) · x (signed bytes), both <8 x i32>."""
+    v8i32 = ir.VectorType(_I32, 8)
+    if USE_VNNI:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v8i32] * 3), "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [acc, w, x])
+    v32i8 = ir.VectorType(_I8, 32)
+    return builder.add(acc, _dot32(builder, builder.bitcast(w, v32i8), builder.bitcast(x, v32i8)))
 
 
 @intrinsic
-def _rows_dot_tokens(typingctx, row, kind, xq, xd, xs, y, r):
-    """y[t, r] = row_dot(row, kind, xq[t], xd[t], xs[t]) for every token t, decoding each weight
-    block once for all tokens (weight-stationary small-batch gemv); same float order per token."""
+def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
+    """y[t, r] = Σ_j w_j·x_tj for every token t, canonical 8-lane float order (see rows_dot8)."""
     ok = (
         isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
         and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
+        and isinstance(xt, types.Array) and xt.dtype == types.int8 and xt.ndim == 2
         and isinstance(xq, types.Array) and xq.dtype == types.int8 and xq.ndim == 2
         and isinstance(xd, types.Array) and xd.dtype == types.float32 and xd.ndim == 2
         and isinstance(xs, types.Array) and xs.dtype == types.int32 and xs.ndim == 2
+        and isinstance(acc, types.Array) and acc.dtype == types.float32 and acc.ndim == 1
         and isinstance(y, types.Array) and y.dtype == types.float32 and y.ndim == 2
         and isinstance(r, types.Integer)
     )
     if not ok:
         return None
     layout = LAYOUTS[kind.literal_value]
-    sig = types.void(row, kind, xq, xd, xs, y, r)
+    sig = types.void(row, kind, xt, xq, xd, xs, acc, y, r)
 
     def codegen(context, builder, signature, args):
-        ra, _, xa, xda, xsa, ya, ri = args
+        ra, _, xta, xa, xda, xsa, acca, ya, ri = args
         at = signature.args
         f32 = ir.FloatType()
-        half = ir.HalfType()
         i64 = ir.IntType(64)
-        xarr = context.make_array(at[2])(context, builder, xa)
+        v8f = ir.VectorType(f32, 8)
+        v8i32 = ir.VectorType(_I32, 8)
+        v8h = ir.VectorType(ir.HalfType(), 8)
+        size, _, _, moff, _, cfix = layout
+        xtarr = context.make_array(at[2])(context, builder, xta)
+        xts = builder.extract_value(xtarr.shape, 1)
+        xarr = context.make_array(at[3])(context, builder, xa)
         n = builder.extract_value(xarr.shape, 0)
-        k = builder.extract_value(xarr.shape, 1)
-        nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 1)
-        yarr = context.make_array(at[5])(context, builder, ya)
+        nblk = builder.extract_value(context.make_array(at[4])(context, builder, xda).shape, 1)
+        yarr = context.make_array(at[7])(context, builder, ya)
         m = builder.extract_value(yarr.shape, 1)
         rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(i64, 0))
-        xp = _byte_ptr(context, builder, at[2], xa, ir.Constant(i64, 0))
-        xdp = _f32_ptr(context, builder, at[3], xda)
-        xsp = builder.bitcast(context.make_array(at[4])(context, builder, xsa).data, _I32.as_pointer())
+        xtp = builder.bitcast(xtarr.data, _I8.as_pointer())
+        xdp = _f32_ptr(context, builder, at[4], xda)
+        xsp = builder.bitcast(context.make_array(at[5])(context, builder, xsa).data, _I32.as_pointer())
+        accp = _f32_ptr(context, builder, at[6], acca)  # [n, 8] lane accumulators
         yp = builder.bitcast(yarr.data, f32.as_pointer())
-        r64 = context.cast(builder, ri, at[6], types.intp)
-        size, _, _, moff, _, cfix = layout
-        v8i32 = ir.VectorType(_I32, 8)
-        reduce_add = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_I32, [v8i32]), "llvm.vector.reduce.add.v8i32")
-        with cgutils.for_range(builder, n) as tl:  # y[t, r] = 0 for every token
-            builder.store(ir.Constant(f32, 0.0), builder.gep(yp, [builder.add(builder.mul(tl.index, m), r64)]))
+        r64 = context.cast(builder, ri, at[8], types.intp)
+        eight = ir.Constant(i64, 8)
+        zero8f = ir.Constant(v8f, None)
+        zero8i = ir.Constant(v8i32, None)
+        i1 = ir.IntType(1)
+        v8i1 = ir.VectorType(i1, 8)
+        mload_f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _I32, v8i1, v8f]), "llvm.masked.load.v8f32.p0v8f32")
+        mload_i = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v8i32.as_pointer(), _I32, v8i1, v8i32]), "llvm.masked.load.v8i32.p0v8i32")
 
-        def f16(blk, off):
-            p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), half.as_pointer())
-            return builder.fpext(builder.load(p, align=1), f32)
+        def half_at(blk, off):
+            return builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), ir.HalfType().as_pointer()), align=1)
 
-        with cgutils.for_range(builder, nblk) as loop:
-            b = loop.index
-            blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
-            u = _block_u8(builder, blk, layout)  # decoded once, used by every token
-            d = f16(blk, 0)
-            c = f16(blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(f32, cfix))
+        def group(grp, nvalid, first):
+            """Lanes += the 8 block terms of group grp for every token. nvalid: None for a full
+            group, else the number of real blocks (the rest are zero terms: x is zero-padded, d, c,
+            xd, xs are masked to zero, and their weight reads are clamped into the row)."""
+            b0 = builder.mul(grp, eight)
+            if nvalid is None:
+                bidx = [builder.add(b0, ir.Constant(i64, j)) for j in range(8)]
+            else:
+                valid = [builder.icmp_unsigned(">", nvalid, ir.Constant(i64, j)) for j in range(8)]
+                bidx = [builder.select(valid[j], builder.add(b0, ir.Constant(i64, j)), b0) for j in range(8)]
+                lane_ok = ir.Constant(v8i1, ir.Undefined)
+                for j in range(8):
+                    lane_ok = builder.insert_element(lane_ok, valid[j], ir.Constant(_I32, j))
+            blks = [builder.gep(rp, [builder.mul(bj, ir.Constant(i64, size))]) for bj in bidx]
+            # 8 blocks decoded once for every token, transposed so that vector g holds group g
+            # of each block: one vpdpbusd per group then sums whole blocks into lanes
+            w = _transpose8x8(builder, [builder.bitcast(_block_u8(builder, blk, layout), v8i32) for blk in blks])
+            dh = ir.Constant(v8h, ir.Undefined)
+            for j in range(8):
+                dh = builder.insert_element(dh, half_at(blks[j], 0), ir.Constant(_I32, j))
+            dv = builder.fpext(dh, v8f)
+            if moff >= 0:
+                ch = ir.Constant(v8h, ir.Undefined)
+                for j in range(8):
+                    ch = builder.insert_element(ch, half_at(blks[j], moff), ir.Constant(_I32, j))
+                cv = builder.fpext(ch, v8f)
+            else:
+                cv = builder.fmul(dv, ir.Constant(v8f, [cfix] * 8))
+            if nvalid is not None:
+                dv = builder.select(lane_ok, dv, zero8f)
+                cv = builder.select(lane_ok, cv, zero8f)
             with cgutils.for_range(builder, n) as tl:
                 t = tl.index
-                xv = builder.load(builder.bitcast(builder.gep(xp, [builder.add(builder.mul(t, k), builder.mul(b, ir.Constant(b.type, 32)))]), ir.VectorType(_I8, 32).as_pointer()), align=1)
-                sf = builder.sitofp(builder.call(reduce_add, [_dot32(builder, u, xv)]), f32)
-                tb = builder.add(builder.mul(t, nblk), b)
-                xdb = builder.load(builder.gep(xdp, [tb]))
-                xsb = builder.sitofp(builder.load(builder.gep(xsp, [tb])), f32)
-                term = builder.fmul(xdb, builder.fadd(builder.fmul(d, sf), builder.fmul(c, xsb)))
-                yptr = builder.gep(yp, [builder.add(builder.mul(t, m), r64)])
-                builder.store(builder.fadd(builder.load(yptr), term), yptr)
+                xg = builder.gep(xtp, [builder.add(builder.mul(t, xts), builder.mul(grp, ir.Constant(i64, 256)))])
+                s = [zero8i] * 4  # four chains: dependent vpdpbusd are latency-bound
+                for g in range(8):
+                    xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 32 * g)]), v8i32.as_pointer()), align=1)
+                    s[g % 4] = _dot8_acc(builder, s[g % 4], w[g], xv)
+                sf = builder.sitofp(builder.add(builder.add(s[0], s[1]), builder.add(s[2], s[3])), v8f)
+                tb = builder.add(builder.mul(t, nblk), b0)
+                xdq = builder.bitcast(builder.gep(xdp, [tb]), v8f.as_pointer())
+                xsq = builder.bitcast(builder.gep(xsp, [tb]), v8i32.as_pointer())
+                if nvalid is None:
+                    xdv = builder.load(xdq, align=4)
+                    xsi = builder.load(xsq, align=4)
+                else:  # masked: no read past the token's row (or the array)
+                    xdv = builder.call(mload_f, [xdq, ir.Constant(_I32, 4), lane_ok, zero8f])
+                    xsi = builder.call(mload_i, [xsq, ir.Constant(_I32, 4), lane_ok, zero8i])
+                term = builder.fmul(xdv, builder.fadd(builder.fmul(dv, sf), builder.fmul(cv, builder.sitofp(xsi, v8f))))
+                ap = builder.bitcast(builder.gep(accp, [builder.mul(t, eight)]), v8f.as_pointer())
+                prev = builder.select(first, zero8f, builder.load(ap, align=4))  # lanes start at +0.0
+                builder.store(builder.fadd(prev, term), ap, align=4)
+
+        nfull = builder.udiv(nblk, eight)
+        with cgutils.for_range(builder, nfull) as gl:
+            group(gl.index, None, builder.icmp_unsigned("==", gl.index, ir.Constant(i64, 0)))
+        rem = builder.sub(nblk, builder.mul(nfull, eight))
+        with builder.if_then(builder.icmp_unsigned("!=", rem, ir.Constant(i64, 0))):
+            group(nfull, rem, builder.icmp_unsigned("==", nfull, ir.Constant(i64, 0)))
+
+        with cgutils.for_range(builder, n) as tl:
+            t = tl.index
+            lanes = builder.load(builder.bitcast(builder.gep(accp, [builder.mul(t, eight)]), v8f.as_pointer()), align=4)
+            builder.store(_tree8_lanes(builder, lanes), builder.gep(yp, [builder.add(builder.mul(t, m), r64)]))
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def rows_dot_tokens(row, kind, xq, xd, xs, y, r):
-    """Column r of y [n, m] for one raw weight row and all n tokens of (xq, xd, xs): each block is
-    decoded once for every token; per token bit-identical to row_dot (and so to gemm)."""
-    _rows_dot_tokens(row, kind, xq, xd, xs, y, r)
+def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r):
+    """Column r of y [n, m] for one raw weight row of LAYOUTS[kind] blocks (kind a compile-time
+    constant) and all n tokens, in the canonical 8-lane float order (bit-identical to
+    row_tile_dot_raw8's lane for the same token). Each group of 8 blocks is decoded once for all
+    tokens and transposed, so one vpdpbusd per 4-byte group sums 8 whole blocks into 8 lanes.
+
+    xt int8 [n, ceil(k/256)·256]: xq repacked by repack_groups8; xq int8 [n, k] (its shape only);
+    xd float32 [n, k/32]; xs int32 [n, k/32]; acc float32 scratch [>= 8n]. Sizes are not checked:
+    the caller guarantees them."""
+    _rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r)
+
+
+@nb.njit(cache=True, nogil=True)
+def repack_groups8(xq, xt):
+    """xt[t, 256G + 32g + 4j + q] = xq[t, 32(8G + j) + 4g + q]: for each group G of 8 blocks,
+    4-byte group g of the 8 blocks side by side (rows_dot8's transposed weights); blocks past the
+    end of the row (a last partial group) are zero. xt int8 [n, ceil(k/256) · 256]."""
+    n, k = xq.shape
+    nblk = k // 32
+    ngroup = xt.shape[1] // 256
+    for t in range(n):
+        for grp in range(ngroup):
+            for j in range(8):
+                b = grp * 8 + j
+                for g in range(8):
+                    for q in range(4):
+                        xt[t, grp * 256 + g * 32 + j * 4 + q] = xq[t, b * 32 + g * 4 + q] if b < nblk else np.int8(0)

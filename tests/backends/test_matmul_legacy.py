@@ -48,20 +48,52 @@ def test_matmul_matches_reference(qtype, k):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_gemv_and_gemm_agree(qtype):
-    """Both kernels on the same quantized activations, for n values each path rarely sees
-    (n=3 through gemm: a partial 16-token tile; n=17 through gemv: many tokens per row)."""
-    m, k = 33, 96
-    w = random_qtensor(qtype, m, k, seed=5)
+def test_gemv_and_gemm_bit_identical(qtype):
+    """Both kernels on the same quantized activations give bit-identical outputs (the canonical
+    8-lane float order), for k with no, one and several 8-block groups plus a partial group, and
+    n values each path rarely sees (n=3 through gemm: a partial 16-token tile; n=17 through gemv)."""
     gemv, gemm = mm.kernels_for(qtype)
-    for n in (3, 17):
-        qx = quantize_activations(activations(n, k, seed=9))
-        y1 = np.full((n, m), np.nan, np.float32)
-        y2 = np.full((n, m), np.nan, np.float32)
-        gemv(w.rows(), *qx, y1)
-        gemm(w.rows(), *qx, y2)
-        # same integer sums, same scales: only float summation order differs
-        np.testing.assert_allclose(y1, y2, rtol=1e-5, atol=1e-6 * np.abs(y1).max())
+    for k in (96, 288, 640):
+        m = 33
+        w = random_qtensor(qtype, m, k, seed=k)
+        for n in (1, 3, 17):
+            qx = quantize_activations(activations(n, k, seed=9))
+            y1 = np.full((n, m), np.nan, np.float32)
+            y2 = np.full((n, m), np.nan, np.float32)
+            gemv(w.rows(), *qx, y1)
+            gemm(w.rows(), *qx, y2)
+            np.testing.assert_array_equal(y1, y2, err_msg=f"{qtype.name} k={k} n={n}")
+
+
+def _canonical_q8_0(w, xq, xd, xs):
+    """float32 numpy model of the canonical order for Q8_0 (simd.py): lane j sums the terms
+    T_b = xd_b·(d_b·s_b + c_b·xs_b) of blocks b ≡ j mod 8, then ((L0+L4)+(L2+L6))+((L1+L5)+(L3+L7))."""
+    m, k = w.shape
+    nblk = k // 32
+    blocks = w.rows().reshape(m, nblk, 34)
+    d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)  # [m, nblk]
+    u = (blocks[:, :, 2:].view(np.int8).astype(np.int64) + 128)  # [m, nblk, 32]
+    c = np.float32(-128.0) * d
+    s = np.einsum("mbj,nbj->nmb", u, xq.reshape(-1, nblk, 32).astype(np.int64)).astype(np.float32)  # [n, m, nblk]
+    t = xd[:, None, :] * (d[None] * s + c[None] * xs[:, None, :].astype(np.float32))  # float32 [n, m, nblk]
+    lanes = np.zeros(t.shape[:2] + (8,), np.float32)
+    for b in range(nblk):
+        lanes[:, :, b % 8] = lanes[:, :, b % 8] + t[:, :, b]
+    L = [lanes[:, :, j] for j in range(8)]
+    return ((L[0] + L[4]) + (L[2] + L[6])) + ((L[1] + L[5]) + (L[3] + L[7]))
+
+
+def test_canonical_order_exact():
+    """gemv and gemm reproduce the documented float order bit for bit (numpy float32 model)."""
+    gemv, gemm = mm.kernels_for(T.Q8_0)
+    for k in (64, 320, 544):
+        w = random_qtensor(T.Q8_0, 11, k, seed=k)
+        qx = quantize_activations(activations(5, k, seed=k))
+        ref = _canonical_q8_0(w, *qx)
+        for kern in (gemv, gemm):
+            y = np.empty((5, 11), np.float32)
+            kern(w.rows(), *qx, y)
+            np.testing.assert_array_equal(y, ref)
 
 
 def test_gemm_many_passes():
@@ -112,9 +144,9 @@ def _row_tile_reference(u, stride, off, mask, d, c, xi, xdt, xst):
 
 @pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
 def test_row_tile_dot_both_paths(use_vnni):
-    """row_tile_dot on raw Q8_0-like rows (stride 34, xor 0x80) on the chosen codegen path."""
+    """row_tile_dot8 on raw Q8_0-like rows (stride 34, xor 0x80) on the chosen codegen path."""
     rng = np.random.default_rng(3)
-    nblk = 3
+    nblk = 11  # one 8-block group and a partial one
     u = rng.integers(0, 256, nblk * 34).astype(np.uint8)
     d = rng.standard_normal(nblk).astype(np.float32)
     c = rng.standard_normal(nblk).astype(np.float32)
@@ -127,7 +159,7 @@ def test_row_tile_dot_both_paths(use_vnni):
 
         @nb.njit(cache=False)
         def run(u, d, c, xi, xdt, xst, out):
-            simd._row_tile_dot(u, 34, 2, 0x80808080, d, c, xi, xdt, xst, out)
+            simd._row_tile_dot8(u, 34, 2, 0x80808080, d, c, xi, xdt, xst, out)
 
         out = np.zeros(16, np.float32)
         run(u, d, c, xi, xdt, xst, out)
@@ -138,41 +170,33 @@ def test_row_tile_dot_both_paths(use_vnni):
     assert ("vpdpbusd" in run.inspect_asm(run.signatures[0])) == use_vnni
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
-def test_row_dot_portable_path(qtype):
-    """simd.row_dot's target-independent IR (hosts without AVX-512 VNNI) against the reference."""
-    kind = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4}[qtype]
-    w = random_qtensor(qtype, 5, 96, seed=6)
-    x = activations(2, 96, seed=7)
-    xq, xd, xs = quantize_activations(x)
+def _gemv_portable_and_vnni(w, qx, kind, use_vnni):
+    """y [n, m] from simd._rows_dot8 compiled on the chosen codegen path (serial, uncached)."""
+    xq = qx[0]
+    n, k = xq.shape
+    xt = np.empty((n, ((k // 32 + 7) // 8) * 256), np.int8)
+    simd.repack_groups8(xq, xt)
     saved = simd.USE_VNNI
     try:
-        simd.USE_VNNI = False
+        simd.USE_VNNI = use_vnni
 
         @nb.njit(cache=False)
-        def gemv(w, xq, xd, xs, y):
+        def gemv(w, xt, xq, xd, xs, y):
+            acc = np.empty(8 * xq.shape[0], np.float32)
             for r in range(w.shape[0]):
-                for t in range(xq.shape[0]):
-                    y[t, r] = simd._row_dot(w[r], kind, xq[t], xd[t], xs[t])
+                simd._rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
 
-        y = np.zeros((2, 5), np.float32)
-        gemv(w.rows(), xq, xd, xs, y)
+        y = np.full((n, w.shape[0]), np.nan, np.float32)
+        gemv(w.rows(), xt, *qx, y)
     finally:
         simd.USE_VNNI = saved
-    assert "vpdpbusd" not in gemv.inspect_asm(gemv.signatures[0])
-    assert rel_err(y, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
-    np.testing.assert_allclose(y, mm.matmul(w, x), rtol=1e-5, atol=1e-6)
+    assert ("vpdpbusd" in gemv.inspect_asm(gemv.signatures[0])) == use_vnni
+    return y
 
 
-@pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_1, T.Q5_0], ids=lambda t: t.name)
-def test_row_tile_dot_raw_both_paths(qtype, use_vnni):
-    """The in-register block decoders of the gemm tile dot, on each codegen path, vs the reference."""
-    kind = {T.Q8_0: 0, T.Q4_1: 2, T.Q5_0: 3}[qtype]
-    m, k, n = 3, 96, 16
-    w = random_qtensor(qtype, m, k, seed=8)
-    x = activations(n, k, seed=9)
-    qx = quantize_activations(x)
+def _gemm_portable_and_vnni(w, qx, kind, use_vnni):
+    """y [n, m] (n <= 16) from simd._row_tile_dot_raw8 compiled on the chosen codegen path."""
+    n, k = qx[0].shape
     nblk = k // 32
     xi = np.empty((1, nblk * 512), np.int8)
     xdt = np.empty((1, nblk * 16), np.float32)
@@ -186,12 +210,32 @@ def test_row_tile_dot_raw_both_paths(qtype, use_vnni):
         def tile(w, xi, xdt, xst, y):
             out = np.empty(16, np.float32)
             for r in range(w.shape[0]):
-                simd._row_tile_dot_raw(w[r], kind, xi, xdt, xst, out)
-                y[:, r] = out
+                simd._row_tile_dot_raw8(w[r], kind, xi, xdt, xst, out)
+                y[:, r] = out[: y.shape[0]]
 
-        y = np.zeros((n, m), np.float32)
+        y = np.full((n, w.shape[0]), np.nan, np.float32)
         tile(w.rows(), xi[0], xdt[0], xst[0], y)
     finally:
         simd.USE_VNNI = saved
     assert ("vpdpbusd" in tile.inspect_asm(tile.signatures[0])) == use_vnni
-    assert rel_err(y, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
+    return y
+
+
+KIND = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4}
+
+
+@pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
+@pytest.mark.parametrize("qtype", list(KIND), ids=lambda t: t.name)
+def test_raw_decoders_both_paths(qtype, use_vnni):
+    """The in-register block decoders of rows_dot8 (gemv) and row_tile_dot_raw8 (gemm) on each
+    codegen path: correct against the reference, and bit-identical to each other (k = 352: one
+    8-block group and a partial one)."""
+    m, k, n = 5, 352, 3
+    w = random_qtensor(qtype, m, k, seed=8)
+    x = activations(n, k, seed=9)
+    qx = quantize_activations(x)
+    y1 = _gemv_portable_and_vnni(w, qx, KIND[qtype], use_vnni)
+    y2 = _gemm_portable_and_vnni(w, qx, KIND[qtype], use_vnni)
+    assert rel_err(y1, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(y1, mm.matmul(w, x))  # the same float order as the cached kernels
