@@ -228,6 +228,16 @@ def _tail_tokens(kind, w, x, y, r_lo, r_hi, t0):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
+def _rows_per_task(m, row_bytes):
+    """gemm rows per prange task: a multiple of 8, few enough to stay in L2, and a task count that
+    is a multiple of 8, so static scheduling splits it evenly over 1, 2, 4 or 8 threads."""
+    ntask = max(1, -(-m * row_bytes // L2_ROWS_BYTES))
+    ntask = -(-ntask // 8) * 8
+    per_task = -(-m // ntask)
+    return max(8, (per_task + 7) // 8 * 8)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
 def _matmul_body(kind, w, x, y):
     """n <= 4: one pass over the weights in tiles of 8 (n <= 2) or 4 rows, parallel over rows.
     Larger n: tasks of `rb` rows (kept in L2) parallel over rows; in each, 6-token tiles of 4 rows,
@@ -238,7 +248,7 @@ def _matmul_body(kind, w, x, y):
         for g in nb.prange((m + 7) // 8):
             _tail_tokens(kind, w, x, y, 8 * g, min(m, 8 * g + 8), 0)
         return
-    rb = max(8, min(L2_ROWS_BYTES // max(1, w.shape[1]), (m + 1) // 2) // 8 * 8)  # multiple of 8
+    rb = _rows_per_task(m, w.shape[1])
     n6 = n - n % 6
     for task in nb.prange((m + rb - 1) // rb):
         r_lo = task * rb
