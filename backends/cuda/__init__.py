@@ -1,0 +1,12 @@
+"""CUDA backend: numba-cuda kernels behind the op set of edged.backends.base.
+
+The public op set lives in `edged.backends.cuda.ops` (upload, to_host, upload_matrix, matmul, embed,
+rms_norm, rope, gelu_tanh_mul, silu_mul, softcap, add, scale, take_rows, slice_cols, allocate_kv,
+store_kv, prepare_batch, attention, device_memory). This package file imports nothing, so a probe
+module beside it can be imported without pulling in numba.cuda.
+
+Kernel modules (one concern each): launch (launch configs, reductions), memory (uploads, DeviceMatrix),
+dequant (per-type device decoders), act_quant, matmul, embed, norm_rope, activations, attention.
+Tests run under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at tiny sizes; tests/gpu repeats them at
+real sizes on a device.
+"""

@@ -1,0 +1,250 @@
+"""Paged causal attention on the device, plus its KV cache (allocate_kv, store_kv) and batch upload.
+
+Same maths as backends/cpu/attention.py: token t of sequence s at position p attends to keys
+lo..p of s (lo = p - window + 1 when window > 0), read through block_tables[s]; logits are
+q·k · scale, then softcap · tanh(logit / softcap) when softcap > 0, then softmax; query head h reads
+kv head h // (h / kvh) (GQA).
+
+Kernel: one thread block per (token, kv head). The g = h / kvh query heads sharing the kv head sit
+in shared memory; keys are visited in tiles of blockDim keys (one key per thread scores all g
+heads), each tile's probabilities update a running max / sum per head (online softmax) and the
+accumulators, which threads own per (head, feature) so V rows are read coalesced. A block-table
+entry that is missing or out of range gives the token NaN outputs (checked on the host instead
+when the table is a host array: see prepare_batch).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from edged.backends.base import Batch, LayerKV
+from edged.backends.cuda.launch import SIM, launch_1d
+from edged.backends.cuda.memory import as_device, is_device
+
+ATT_THREADS = 32 if SIM else 128  # keys per tile = threads per block (the simulator runs a thread per Python thread)
+_MAX_THREADS = 128
+MAX_G = 16  # query heads per kv head
+ACC_MAX = 16  # accumulator entries per thread: g · head_dim <= ACC_MAX · ATT_THREADS
+MAX_GHD = ACC_MAX * _MAX_THREADS
+
+
+@cuda.jit
+def _zero(a):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = float32(0.0)
+
+
+def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
+    """One layer's paged KV cache on the device: k, v float32 [num_blocks, block_size, kvh, hd], zeroed."""
+    for name, v in (("num_blocks", num_blocks), ("block_size", block_size),
+                    ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
+        if int(v) <= 0:
+            raise ValueError(f"allocate_kv: {name} must be > 0, got {v}")
+    shape = (int(num_blocks), int(block_size), int(n_kv_heads), int(head_dim))
+    k = cuda.device_array(shape, dtype=np.float32)
+    v = cuda.device_array(shape, dtype=np.float32)
+    size = int(np.prod(shape))
+    blocks, threads = launch_1d(size)
+    for a in (k, v):
+        _zero[blocks, threads](a.reshape(size))
+    return LayerKV(k=k, v=v)
+
+
+@cuda.jit
+def _store_kv(kc, vc, k, v, slots):
+    """One thread per (token, kv feature); negative slots (padding) and slots past the cache are skipped."""
+    n_blocks, bs, kvh, hd = kc.shape
+    per = kvh * hd
+    i = cuda.grid(1)
+    if i >= k.shape[0] * per:
+        return
+    t = i // per
+    s = slots[t]
+    if s < 0 or s >= n_blocks * bs:
+        return
+    h = (i % per) // hd
+    d = i % hd
+    kc[s // bs, s % bs, h, d] = k[t, h, d]
+    vc[s // bs, s % bs, h, d] = v[t, h, d]
+
+
+def store_kv(kv: LayerKV, k, v, slot_mapping) -> None:
+    """Write this step's K/V rows [n, kvh, hd] into the paged device cache at slot_mapping int32 [n]
+    (block = slot // block_size, offset = slot % block_size; negative slots are skipped). Host
+    slot arrays are range-checked (ValueError); out-of-range slots of a device array are skipped."""
+    _, bs, kvh, hd = kv.k.shape
+    k = as_device(k, np.float32, "store_kv k")
+    v = as_device(v, np.float32, "store_kv v")
+    if k.ndim != 3 or tuple(k.shape[1:]) != (kvh, hd) or tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"store_kv: k {tuple(k.shape)} / v {tuple(v.shape)} must be [n, {kvh}, {hd}]")
+    if not is_device(slot_mapping):
+        slots_h = np.asarray(slot_mapping)
+        if slots_h.shape == (k.shape[0],) and np.any(slots_h >= kv.k.shape[0] * bs):
+            raise ValueError(f"store_kv: slot out of range (cache holds {kv.k.shape[0] * bs} slots)")
+    slots = as_device(slot_mapping, np.int32, "store_kv slot_mapping")
+    if tuple(slots.shape) != (k.shape[0],):
+        raise ValueError(f"store_kv: slot_mapping shape {tuple(slots.shape)} != ({k.shape[0]},)")
+    if k.shape[0]:
+        blocks, threads = launch_1d(k.shape[0] * kvh * hd)
+        _store_kv[blocks, threads](kv.k, kv.v, k, v, slots)
+
+
+def _check_layout(batch: Batch) -> None:
+    """The CPU backend's batch checks, on host arrays: seq_starts partitions the tokens over the
+    block-table rows, positions are >= 0, and every block a position needs is in the table."""
+    positions = np.asarray(batch.positions)
+    seq_starts = np.asarray(batch.seq_starts)
+    tables = np.asarray(batch.block_tables)
+    n = positions.shape[0]
+    n_seqs = seq_starts.shape[0] - 1
+    if tables.ndim != 2:
+        raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {tables.shape}")
+    if (n_seqs < 1 or n_seqs > tables.shape[0] or seq_starts[0] != 0 or seq_starts[n_seqs] != n
+            or np.any(np.diff(seq_starts) < 0)):
+        raise ValueError(f"attention: seq_starts {seq_starts} do not partition {n} tokens "
+                         f"over the {tables.shape[0]} block-table rows")
+    if np.any(positions < 0):
+        raise ValueError("attention: negative position")
+    for s in range(n_seqs):
+        pos = positions[seq_starts[s]:seq_starts[s + 1]]
+        if pos.size:
+            need = int(pos.max()) // batch.block_size + 1
+            if need > tables.shape[1] or np.any(tables[s, :need] < 0):
+                raise ValueError("attention: a block table entry needed by a position is missing or out of range")
+
+
+def prepare_batch(batch: Batch) -> Batch:
+    """The same Batch with every array field on the device (one H2D copy each, int32), after the
+    CPU backend's layout checks on the host arrays. Fields already on the device are kept."""
+    if not any(is_device(getattr(batch, f.name)) for f in dataclasses.fields(batch)):
+        _check_layout(batch)
+    up = {}
+    for f in dataclasses.fields(batch):
+        val = getattr(batch, f.name)
+        if isinstance(val, np.ndarray):
+            up[f.name] = cuda.to_device(np.ascontiguousarray(val, dtype=np.int32))
+    return dataclasses.replace(batch, **up)
+
+
+@cuda.jit
+def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, out):
+    sq = cuda.shared.array(MAX_GHD, float32)  # [g, hd] the query heads of this kv head
+    ssc = cuda.shared.array((MAX_G, _MAX_THREADS), float32)  # [g, tile] scores, then probabilities
+    sblk = cuda.shared.array(_MAX_THREADS, int32)  # [tile] cache block of each key
+    sm = cuda.shared.array(MAX_G, float32)  # running max per head
+    sl = cuda.shared.array(MAX_G, float32)  # running sum per head
+    sal = cuda.shared.array(MAX_G, float32)  # this tile's rescale factor per head
+    acc = cuda.local.array(ACC_MAX, float32)
+    t = cuda.blockIdx.x
+    kh = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    n_heads = q.shape[1]
+    hd = q.shape[2]
+    n_blocks, bs, kvh, _ = kc.shape
+    max_blocks = block_tables.shape[1]
+    g = n_heads // kvh
+    h0 = kh * g
+    gh = g * hd
+    s = 0  # the sequence owning token t: the last one starting at or before t
+    for z in range(1, seq_starts.shape[0] - 1):
+        if seq_starts[z] <= t:
+            s = z
+    p = positions[t]
+    lo = 0
+    if window > 0 and p - window + 1 > 0:
+        lo = p - window + 1
+    for e in range(tid, gh, nt):
+        sq[e] = q[t, h0 + e // hd, e % hd]
+    if tid < g:
+        sm[tid] = -math.inf
+        sl[tid] = float32(0.0)
+    for z in range(ACC_MAX):
+        acc[z] = float32(0.0)
+    cuda.syncthreads()
+    for j0 in range(lo, p + 1, nt):
+        j = j0 + tid
+        if j <= p:  # scores of this thread's key for all g heads
+            bi = j // bs
+            blk = block_tables[s, bi] if bi < max_blocks else -1
+            if 0 <= blk < n_blocks:
+                o = j % bs
+                sblk[tid] = blk
+                for hh in range(g):
+                    d = float32(0.0)
+                    for z in range(hd):
+                        d += sq[hh * hd + z] * kc[blk, o, kh, z]
+                    v = d * scale
+                    if cap > float32(0.0):
+                        v = cap * float32(math.tanh(v / cap))
+                    ssc[hh, tid] = v
+            else:  # bad block table: NaN outputs rather than reading outside the cache
+                sblk[tid] = 0
+                for hh in range(g):
+                    ssc[hh, tid] = float32(math.nan)
+        else:
+            sblk[tid] = 0
+            for hh in range(g):
+                ssc[hh, tid] = -math.inf
+        cuda.syncthreads()
+        if tid < g:  # online softmax: new running max, rescale factor, probabilities, sum
+            mt = sm[tid]
+            for z in range(nt):
+                mt = max(mt, ssc[tid, z])
+            alpha = float32(math.exp(sm[tid] - mt))
+            total = sl[tid] * alpha
+            for z in range(nt):
+                e = float32(math.exp(ssc[tid, z] - mt))
+                ssc[tid, z] = e
+                total += e
+            sm[tid] = mt
+            sl[tid] = total
+            sal[tid] = alpha
+        cuda.syncthreads()
+        nk = min(nt, p + 1 - j0)
+        for z in range(ACC_MAX):  # accumulators: thread owns (head, feature) pairs tid + z·nt
+            e = tid + z * nt
+            if e < gh:
+                hh = e // hd
+                dd = e % hd
+                a = acc[z] * sal[hh]
+                for kk in range(nk):
+                    a += ssc[hh, kk] * vc[sblk[kk], (j0 + kk) % bs, kh, dd]
+                acc[z] = a
+        cuda.syncthreads()
+    for z in range(ACC_MAX):
+        e = tid + z * nt
+        if e < gh:
+            out[t, h0 + e // hd, e % hd] = acc[z] / sl[e // hd]
+
+
+def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0):
+    """Causal attention of device q float32 [n, h, hd] over the paged device cache -> new [n, h, hd].
+
+    batch should come from prepare_batch (host arrays are checked and uploaded here instead); the
+    current step's K/V must already be stored (store_kv)."""
+    n_blocks, bs, kvh, hd = kv.k.shape
+    q = as_device(q, np.float32, "attention q")
+    if q.ndim != 3 or q.shape[2] != hd or q.shape[1] % kvh:
+        raise ValueError(f"attention: q {tuple(q.shape)} must be [n, h, {hd}] with h a multiple of {kvh}")
+    n, h = int(q.shape[0]), int(q.shape[1])
+    if batch.block_size != bs:
+        raise ValueError(f"attention: batch block_size {batch.block_size} != cache block size {bs}")
+    g = h // kvh
+    if g > MAX_G or g * hd > ACC_MAX * ATT_THREADS:
+        raise ValueError(f"attention: {g} query heads per kv head x head_dim {hd} exceeds the kernel's "
+                         f"limits ({MAX_G} heads, {ACC_MAX * ATT_THREADS} features)")
+    if not is_device(batch.positions):
+        batch = prepare_batch(batch)
+    if tuple(batch.positions.shape) != (n,):
+        raise ValueError(f"attention: positions shape {tuple(batch.positions.shape)} != ({n},)")
+    if batch.block_tables.ndim != 2:
+        raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {tuple(batch.block_tables.shape)}")
+    out = cuda.device_array((n, h, hd), dtype=np.float32)  # [n, h, hd]
+    if n:
+        _attention[(n, kvh), ATT_THREADS](q, kv.k, kv.v, batch.block_tables, batch.seq_starts, batch.positions,
+                                          np.int32(window), np.float32(scale), np.float32(softcap), out)
+    return out

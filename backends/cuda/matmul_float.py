@@ -1,0 +1,99 @@
+"""Matmul kernels for float weights (F32, F16, BF16) with float32 activations and accumulation.
+
+The weight rows arrive as a typed view of the raw bytes (float32 [m, k] or the uint16 bit
+patterns [m, k]); `value(w, r, j)` widens one element exactly. Same two shapes as matmul_int:
+a warp per row with lanes striding the row (coalesced) for n <= MV_MAX_N, and shared-memory tiles
+of TILE_ROWS rows × TILE_TOKENS tokens over 32-element stages for larger n.
+"""
+
+from numba import cuda, float32, int32
+
+from edged.backends.cuda.dequant import bf16_from_bits, f16_from_bits
+from edged.backends.cuda.launch import fsum
+from edged.backends.cuda.matmul_int import MV_MAX_N, MV_THREADS, MV_WARPS, TILE_ROWS, TILE_THREADS, TILE_TOKENS
+
+_KC = 32  # elements per tiled stage
+_W_PER = TILE_ROWS * _KC // TILE_THREADS
+_X_PER = TILE_TOKENS * _KC // TILE_THREADS
+_OUT_PER = TILE_ROWS * TILE_TOKENS // TILE_THREADS
+_TOK_STEP = TILE_THREADS // TILE_ROWS
+
+
+@cuda.jit(device=True, inline=True)
+def f32_value(w, r, j):
+    return w[r, j]
+
+
+@cuda.jit(device=True, inline=True)
+def f16_value(w, r, j):
+    return f16_from_bits(int32(w[r, j]))
+
+
+@cuda.jit(device=True, inline=True)
+def bf16_value(w, r, j):
+    return bf16_from_bits(int32(w[r, j]))
+
+
+def make_float_kernels(value):
+    """(matvec, tiled) kernels f(w [m, k] typed view, x float32 [n, k], y float32 [n, m])."""
+
+    @cuda.jit
+    def matvec(w, x, y):
+        fscr = cuda.shared.array(MV_THREADS, float32)  # reduction scratch (simulator only)
+        acc = cuda.local.array(MV_MAX_N, float32)
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        m, k = w.shape
+        n = x.shape[0]
+        r = cuda.blockIdx.x * MV_WARPS + tid // 32
+        rr = min(r, m - 1)
+        for t in range(n):
+            acc[t] = float32(0.0)
+        for j in range(lane, k, 32):
+            v = value(w, rr, j)
+            for t in range(n):
+                acc[t] += v * x[t, j]
+        for t in range(n):
+            s = fsum(acc[t], 32, fscr, tid)
+            if lane == 0 and r < m:
+                y[t, r] = s
+
+    @cuda.jit
+    def tiled(w, x, y):
+        sw = cuda.shared.array((TILE_ROWS, _KC), float32)
+        sx = cuda.shared.array((TILE_TOKENS, _KC), float32)
+        acc = cuda.local.array(_OUT_PER, float32)
+        tid = cuda.threadIdx.x
+        m, k = w.shape
+        n = x.shape[0]
+        r0 = cuda.blockIdx.x * TILE_ROWS
+        t0 = cuda.blockIdx.y * TILE_TOKENS
+        row = tid % TILE_ROWS
+        for q in range(_OUT_PER):
+            acc[q] = float32(0.0)
+        for k0 in range(0, k, _KC):
+            for q in range(_W_PER):
+                e = tid + TILE_THREADS * q
+                i = e // _KC
+                j = e % _KC
+                ok = k0 + j < k
+                sw[i, j] = value(w, min(r0 + i, m - 1), k0 + j) if ok else float32(0.0)
+            for q in range(_X_PER):
+                e = tid + TILE_THREADS * q
+                i = e // _KC
+                j = e % _KC
+                sx[i, j] = x[min(t0 + i, n - 1), k0 + j] if k0 + j < k else float32(0.0)
+            cuda.syncthreads()
+            for q in range(_OUT_PER):
+                tt = tid // TILE_ROWS + _TOK_STEP * q
+                a = acc[q]
+                for j in range(_KC):
+                    a += sw[row, j] * sx[tt, j]
+                acc[q] = a
+            cuda.syncthreads()
+        for q in range(_OUT_PER):
+            t = t0 + tid // TILE_ROWS + _TOK_STEP * q
+            if t < n and r0 + row < m:
+                y[t, r0 + row] = acc[q]
+
+    return matvec, tiled

@@ -1,0 +1,184 @@
+"""Integer matmul kernels for every block type (Q4_0 .. Q8_0, IQ4_NL, K-quants, IQ4_XS).
+
+Weights decode through dequant.py's (load4, scales) as w = s·u + c; activations arrive quantized
+by act_quant.py (int8 per 32 with scale xd and int32 sum xs, as on the CPU). Each block dot is
+exact int32 and turns into float with the CPU kernel's per-block formula for the type's family:
+
+    LEGACY (32-blocks, (d, c)):  xd · (d · S + c · xs)                         (matmul_legacy.py)
+    K32 (per-32 scale, bias):    S · (xd · s) + c · (xd · xs)                   (tile_dot_s32_b32)
+    K16 (per-16):                (lo · (xd · s0) + hi · (xd · s1)) + (c0 · (xd · X0) + c1 · (xd · X1))
+                                 with lo / hi and X0 / X1 the dots and activation sums of each half.
+
+Only the order in which block terms are summed differs from the CPU.
+
+mat-vec (n <= MV_MAX_N): one warp per output row; 8 lanes share a 32-block (4 consecutive
+weights each, so a warp reads 4 blocks' bytes together), decode them once into registers and dot
+them with every token; the lanes' int32 partial dots are summed exactly within the block (or
+half-block) by shuffles, the float terms per token across the warp.
+tiled (n > MV_MAX_N): a thread block per TILE_ROWS rows × TILE_TOKENS tokens; each stage of
+STAGE_BLOCKS 32-blocks is decoded once into shared memory (weights u8, activations i8, scales) and
+used by every (row, token) of the tile.
+"""
+
+from numba import cuda, float32, int32, int8, uint8
+
+from edged.backends.cuda.dequant import K16, LEGACY
+from edged.backends.cuda.launch import fsum, isum
+
+MV_MAX_N = 8  # tokens at or below which the mat-vec kernel runs
+MV_WARPS = 4  # rows (warps) per mat-vec thread block
+MV_THREADS = 32 * MV_WARPS
+
+TILE_ROWS = 16
+TILE_TOKENS = 32
+TILE_THREADS = 128
+STAGE_BLOCKS = 4  # 32-blocks decoded into shared memory per stage
+_OUT_PER_THREAD = TILE_ROWS * TILE_TOKENS // TILE_THREADS  # 4
+_TOK_STEP = TILE_THREADS // TILE_ROWS  # 8
+_W_GROUPS = TILE_ROWS * 8 * STAGE_BLOCKS // TILE_THREADS  # 4-byte weight groups per thread per stage
+_X_GROUPS = TILE_TOKENS * 8 * STAGE_BLOCKS // TILE_THREADS  # 4-byte activation groups per thread per stage
+_SE = 32 * STAGE_BLOCKS  # elements per stage
+_SH = 2 * STAGE_BLOCKS  # half-blocks per stage (shared-array shapes need plain constants)
+
+
+def make_int_kernels(load4, scales, family):
+    """(matvec, tiled) kernels for one block type, both f(w uint8 [m, rb], xq int8 [n, k],
+    xd float32 [n, k/32], xs int32 [n, k/32], y float32 [n, m]); `family` is a compile-time constant."""
+    gw = 4 if family == K16 else 8  # lanes per exact int32 group: a half-block or a block
+
+    @cuda.jit
+    def matvec(w, xq, xd, xs, y):
+        iscr = cuda.shared.array(MV_THREADS, int32)  # reduction scratch (simulator only)
+        fscr = cuda.shared.array(MV_THREADS, float32)
+        acc = cuda.local.array(MV_MAX_N, float32)  # [n] this lane's partial outputs
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        g = lane % 8  # 4-element group within the block
+        m = w.shape[0]
+        n = xq.shape[0]
+        nblk = xq.shape[1] // 32
+        r = cuda.blockIdx.x * MV_WARPS + tid // 32
+        rr = min(r, m - 1)  # lanes past the last row compute it again (all lanes join the shuffles)
+        for t in range(n):
+            acc[t] = float32(0.0)
+        for b0 in range(0, nblk, 4):
+            b = b0 + lane // 8
+            live = b < nblk
+            bb = min(b, nblk - 1)
+            u0, u1, u2, u3 = load4(w, rr, bb, g)
+            s, c = scales(w, rr, bb, g // 4)
+            xo = bb * 32 + 4 * g
+            for t in range(n):
+                x0 = int32(xq[t, xo])
+                x1 = int32(xq[t, xo + 1])
+                x2 = int32(xq[t, xo + 2])
+                x3 = int32(xq[t, xo + 3])
+                S = isum(int32(u0 * x0 + u1 * x1 + u2 * x2 + u3 * x3), gw, iscr, tid)
+                dx = xd[t, bb]
+                if family == K16:
+                    X = isum(int32(x0 + x1 + x2 + x3), gw, iscr, tid)
+                    if live and g % 4 == 0:
+                        acc[t] += float32(S) * (dx * s) + c * (dx * float32(X))
+                elif family == LEGACY:
+                    if live and g == 0:
+                        acc[t] += dx * (s * float32(S) + c * float32(xs[t, bb]))
+                else:
+                    if live and g == 0:
+                        acc[t] += float32(S) * (dx * s) + c * (dx * float32(xs[t, bb]))
+        for t in range(n):
+            v = fsum(acc[t], 32, fscr, tid)
+            if lane == 0 and r < m:
+                y[t, r] = v
+
+    @cuda.jit
+    def tiled(w, xq, xd, xs, y):
+        su = cuda.shared.array((TILE_ROWS, _SE), uint8)  # decoded unsigned weights of the stage
+        ss = cuda.shared.array((TILE_ROWS, _SH), float32)  # scale per (block, half)
+        sc = cuda.shared.array((TILE_ROWS, _SH), float32)  # bias per (block, half)
+        sx = cuda.shared.array((TILE_TOKENS, _SE), int8)  # activations of the stage
+        sxd = cuda.shared.array((TILE_TOKENS, STAGE_BLOCKS), float32)
+        sxs = cuda.shared.array((TILE_TOKENS, _SH), int32)  # activation sums per half-block
+        acc = cuda.local.array(_OUT_PER_THREAD, float32)
+        tid = cuda.threadIdx.x
+        m = w.shape[0]
+        n = xq.shape[0]
+        nblk = xq.shape[1] // 32
+        r0 = cuda.blockIdx.x * TILE_ROWS
+        t0 = cuda.blockIdx.y * TILE_TOKENS
+        row = tid % TILE_ROWS  # this thread's outputs: row, tokens tid // TILE_ROWS + 8q
+        for q in range(_OUT_PER_THREAD):
+            acc[q] = float32(0.0)
+        for st in range(0, nblk, STAGE_BLOCKS):
+            for q in range(_W_GROUPS):  # decode: (row, block of the stage, group)
+                e = tid + TILE_THREADS * q
+                i = e // (8 * STAGE_BLOCKS)
+                jb = (e // 8) % STAGE_BLOCKS
+                g = e % 8
+                b = st + jb
+                rr = min(r0 + i, m - 1)
+                if b < nblk:
+                    u0, u1, u2, u3 = load4(w, rr, b, g)
+                    if g < 2:
+                        s, c = scales(w, rr, b, g)
+                        ss[i, 2 * jb + g] = s
+                        sc[i, 2 * jb + g] = c
+                else:  # past the row's end: zero weights
+                    u0 = u1 = u2 = u3 = 0
+                    if g < 2:
+                        ss[i, 2 * jb + g] = float32(0.0)
+                        sc[i, 2 * jb + g] = float32(0.0)
+                o = 32 * jb + 4 * g
+                su[i, o] = u0
+                su[i, o + 1] = u1
+                su[i, o + 2] = u2
+                su[i, o + 3] = u3
+            for q in range(_X_GROUPS):  # activations: (token, block of the stage, group)
+                e = tid + TILE_THREADS * q
+                tt = e // (8 * STAGE_BLOCKS)
+                jb = (e // 8) % STAGE_BLOCKS
+                g = e % 8
+                b = min(st + jb, nblk - 1)
+                tok = min(t0 + tt, n - 1)
+                o = 32 * jb + 4 * g
+                for z in range(4):
+                    sx[tt, o + z] = xq[tok, 32 * b + 4 * g + z]
+                if g == 0:
+                    sxd[tt, jb] = xd[tok, b]
+            cuda.syncthreads()
+            for e in range(tid, TILE_TOKENS * 2 * STAGE_BLOCKS, TILE_THREADS):  # half-block sums
+                tt = e // (2 * STAGE_BLOCKS)
+                hb = e % (2 * STAGE_BLOCKS)
+                X = int32(0)
+                for z in range(16):
+                    X += int32(sx[tt, 16 * hb + z])
+                sxs[tt, hb] = X
+            cuda.syncthreads()
+            for q in range(_OUT_PER_THREAD):
+                tt = tid // TILE_ROWS + _TOK_STEP * q
+                a = acc[q]
+                for jb in range(STAGE_BLOCKS):
+                    lo = int32(0)
+                    hi = int32(0)
+                    o = 32 * jb
+                    for z in range(16):
+                        lo += int32(su[row, o + z]) * int32(sx[tt, o + z])
+                    for z in range(16, 32):
+                        hi += int32(su[row, o + z]) * int32(sx[tt, o + z])
+                    dx = sxd[tt, jb]
+                    X0 = sxs[tt, 2 * jb]
+                    X1 = sxs[tt, 2 * jb + 1]
+                    if family == K16:
+                        a += ((float32(lo) * (dx * ss[row, 2 * jb]) + float32(hi) * (dx * ss[row, 2 * jb + 1]))
+                              + (sc[row, 2 * jb] * (dx * float32(X0)) + sc[row, 2 * jb + 1] * (dx * float32(X1))))
+                    elif family == LEGACY:
+                        a += dx * (ss[row, 2 * jb] * float32(lo + hi) + sc[row, 2 * jb] * float32(X0 + X1))
+                    else:
+                        a += float32(lo + hi) * (dx * ss[row, 2 * jb]) + sc[row, 2 * jb] * (dx * float32(X0 + X1))
+                acc[q] = a
+            cuda.syncthreads()
+        for q in range(_OUT_PER_THREAD):
+            t = t0 + tid // TILE_ROWS + _TOK_STEP * q
+            if t < n and r0 + row < m:
+                y[t, r0 + row] = acc[q]
+
+    return matvec, tiled

@@ -1,0 +1,145 @@
+"""RMS norm and rotary embedding on the device, with the CPU backend's numerics
+(backends/cpu/norm_rope.py): squares summed in float64 and scaled in float32; each pair's angle
+built by repeated float32 multiplication of the position, as ggml_rope_cache_init does."""
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from edged.backends.base import RopeParams
+from edged.backends.cpu.norm_rope import rope_theta_scale
+from edged.backends.cuda.launch import launch_1d
+from edged.backends.cuda.memory import as_device
+
+NORM_THREADS = 128  # threads per row (a power of two: tree reduction)
+
+
+@cuda.jit
+def _rms_norm_rows(x, weight, eps, out):
+    """One block per row: out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight."""
+    scr = cuda.shared.array(NORM_THREADS, float64)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    d = x.shape[1]
+    s = float64(0.0)
+    for i in range(tid, d, nt):
+        v = x[r, i]
+        s += float64(v * v)
+    scr[tid] = s
+    cuda.syncthreads()
+    stride = nt // 2
+    while stride > 0:
+        if tid < stride:
+            scr[tid] += scr[tid + stride]
+        cuda.syncthreads()
+        stride //= 2
+    mean = float32(scr[0] / d)
+    scale = float32(1.0) / float32(math.sqrt(mean + eps))
+    for i in range(tid, d, nt):
+        out[r, i] = (x[r, i] * scale) * weight[i]
+
+
+def rms_norm(x, weight, eps: float, out=None):
+    """RMS-normalize each row of device x float32 [n, d] with weight [d] -> new [n, d] (or `out`,
+    which may be x). For per-head q/k norms reshape x to [n * heads, head_dim] first."""
+    x = as_device(x, np.float32, "rms_norm x")
+    if x.ndim != 2:
+        raise ValueError(f"rms_norm expects x of shape [n, d], got {tuple(x.shape)}")
+    weight = as_device(weight, np.float32, "rms_norm weight")
+    if tuple(weight.shape) != (x.shape[1],):
+        raise ValueError(f"rms_norm weight shape {tuple(weight.shape)} does not match row width {x.shape[1]}")
+    if out is None:
+        out = cuda.device_array(x.shape, dtype=np.float32)  # [n, d]
+    elif tuple(out.shape) != tuple(x.shape) or out.dtype != np.float32:
+        raise ValueError("rms_norm out must be a float32 device array shaped like x")
+    n, d = x.shape
+    if n:
+        threads = 32
+        while threads < NORM_THREADS and threads < d:
+            threads *= 2
+        _rms_norm_rows[n, threads](x, weight, np.float32(eps), out)
+    return out
+
+
+@cuda.jit
+def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, factors, out):
+    """One thread per (token, pair i < n_dims/2) rotating that pair in every head, plus one per
+    (token, feature past n_dims) copying it."""
+    n, heads, hd = x.shape
+    half = n_dims // 2
+    per = half + (hd - n_dims)
+    i = cuda.grid(1)
+    if i >= n * per:
+        return
+    t = i // per
+    j = i % per
+    if j < half:
+        theta = float32(positions[t])
+        for _ in range(j):
+            theta = theta * theta_scale
+        a = freq_scale * (theta / factors[j])
+        cs = float32(math.cos(a))
+        sn = float32(math.sin(a))
+        if neox:
+            i0 = j
+            i1 = j + half
+        else:
+            i0 = 2 * j
+            i1 = 2 * j + 1
+        for h in range(heads):
+            x0 = x[t, h, i0]
+            x1 = x[t, h, i1]
+            out[t, h, i0] = x0 * cs - x1 * sn
+            out[t, h, i1] = x0 * sn + x1 * cs
+    else:
+        c = n_dims + (j - half)
+        for h in range(heads):
+            out[t, h, c] = x[t, h, c]
+
+
+# id(host freq_factors) -> (host array, device array): uploaded once per model, not per call
+_FACTORS: dict = {}
+
+
+def _factors_on_device(p: RopeParams, dim: int):
+    key = ("ones", dim) if p.freq_factors is None else id(p.freq_factors)
+    hit = _FACTORS.get(key)
+    if hit is not None and (p.freq_factors is None or hit[0] is p.freq_factors):
+        return hit[1]
+    if p.freq_factors is None:
+        host = np.ones(dim // 2, dtype=np.float32)
+    else:
+        host = np.ascontiguousarray(p.freq_factors, dtype=np.float32)
+        if host.shape != (dim // 2,):
+            raise ValueError(f"rope freq_factors shape {host.shape} != ({dim // 2},)")
+    dev = cuda.to_device(host)
+    _FACTORS[key] = (p.freq_factors, dev)  # holding the host array keeps its id from being reused
+    return dev
+
+
+def rope(x, positions, p: RopeParams, out=None):
+    """Rotary embedding of device x float32 [n, heads, hd] at positions int32 [n] (host or device)
+    -> new [n, heads, hd] (or `out`, which may be x). Same maths as the CPU backend's rope."""
+    x = as_device(x, np.float32, "rope x")
+    if x.ndim != 3:
+        raise ValueError(f"rope expects x of shape [n, heads, head_dim], got {tuple(x.shape)}")
+    n, _, hd = x.shape
+    positions = as_device(positions, np.int32, "rope positions")
+    if tuple(positions.shape) != (n,):
+        raise ValueError(f"rope positions shape {tuple(positions.shape)} does not match {n} tokens")
+    dim = int(p.dim)
+    if dim <= 0 or dim % 2 or dim > hd:
+        raise ValueError(f"rope dim {dim} must be even and within head_dim {hd}")
+    factors = _factors_on_device(p, dim)
+    if out is None:
+        out = cuda.device_array(x.shape, dtype=np.float32)  # [n, heads, hd]
+    elif tuple(out.shape) != tuple(x.shape) or out.dtype != np.float32:
+        raise ValueError("rope out must be a float32 device array shaped like x")
+    per = dim // 2 + (hd - dim)
+    if n:
+        blocks, threads = launch_1d(n * per, 128)
+        _rope_rows[blocks, threads](x, positions, np.int32(dim), np.int32(1 if p.neox else 0),
+                                    rope_theta_scale(dim, p.freq_base), np.float32(p.freq_scale), factors, out)
+    return out

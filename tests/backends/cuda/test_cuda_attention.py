@@ -1,0 +1,72 @@
+"""CUDA paged attention (simulator) against the CPU backend: prefill, decode, mixed batches, GQA,
+sliding window, softcap, shuffled block tables."""
+
+import numpy as np
+import pytest
+
+from edged.backends.base import Batch
+from tests.backends.cuda.checks import check_attention, ops
+
+MIXED = [(11, 9), (0, 1), (5, 1), (39, 1)]  # one prefill chunk after context, three decodes
+
+
+@pytest.mark.parametrize("kvh,g", [(2, 1), (1, 4), (2, 2)])
+def test_mixed_batch(kvh, g):
+    check_attention(bs=4, kvh=kvh, g=g, hd=16, seqs=MIXED)
+
+
+@pytest.mark.parametrize("window", [3, 8])
+def test_sliding_window(window):
+    check_attention(bs=4, kvh=1, g=2, hd=16, seqs=MIXED, window=window, seed=1)
+
+
+def test_softcap():
+    check_attention(bs=8, kvh=1, g=2, hd=16, seqs=[(0, 6), (20, 1)], softcap=2.0, seed=2)
+
+
+def test_prefill_alone_and_decode_alone():
+    check_attention(bs=4, kvh=1, g=1, hd=16, seqs=[(0, 7)], seed=3)
+    check_attention(bs=4, kvh=1, g=1, hd=16, seqs=[(70, 1)], seed=4)  # 71 keys: three key tiles
+
+
+def test_store_kv_skips_negative_slots():
+    o = ops()
+    kv = o.allocate_kv(2, 2, 1, 4)
+    k = np.arange(8, dtype=np.float32).reshape(2, 1, 4)
+    o.store_kv(kv, o.upload(k), o.upload(-k), np.array([3, -1], np.int32))
+    kk, vv = o.to_host(kv.k), o.to_host(kv.v)
+    np.testing.assert_array_equal(kk[1, 1, 0], k[0, 0])
+    np.testing.assert_array_equal(vv[1, 1, 0], -k[0, 0])
+    assert np.count_nonzero(kk) == 3  # k[0] holds one zero; nothing else written
+    with pytest.raises(ValueError, match="slot out of range"):
+        o.store_kv(kv, o.upload(k), o.upload(k), np.array([4, 0], np.int32))
+
+
+def _batch(positions, starts, tables):
+    n = len(positions)
+    return Batch(token_ids=np.zeros(n, np.int32), positions=np.array(positions, np.int32),
+                 seq_starts=np.array(starts, np.int32), seq_lens=np.array([1], np.int32),
+                 block_tables=np.array(tables, np.int32), slot_mapping=np.zeros(n, np.int32),
+                 logits_indices=np.zeros(1, np.int32), block_size=2)
+
+
+def test_bad_batches_are_clear_errors():
+    o = ops()
+    with pytest.raises(ValueError, match="partition"):
+        o.prepare_batch(_batch([0, 1], [0, 1], [[0]]))
+    with pytest.raises(ValueError, match="negative position"):
+        o.prepare_batch(_batch([-1], [0, 1], [[0]]))
+    with pytest.raises(ValueError, match="block table"):
+        o.prepare_batch(_batch([2], [0, 1], [[0, -1]]))
+    kv = o.allocate_kv(2, 2, 1, 4)
+    with pytest.raises(ValueError, match="multiple"):
+        o.attention(o.upload(np.zeros((1, 1, 8), np.float32)), kv, _batch([0], [0, 1], [[0]]), 1.0)
+
+
+def test_prepare_batch_uploads_every_array():
+    o = ops()
+    b = o.prepare_batch(_batch([0, 1], [0, 2], [[0]]))
+    assert b.block_size == 2
+    for name in ("token_ids", "positions", "seq_starts", "seq_lens", "block_tables", "slot_mapping", "logits_indices"):
+        arr = getattr(b, name)
+        assert not isinstance(arr, np.ndarray) and hasattr(arr, "copy_to_host"), name
