@@ -495,14 +495,17 @@ def _tree8x2(builder, w):
     return builder.fadd(_shuf(builder, q, (0, 2)), _shuf(builder, q, (1, 3)))  # [2]
 
 
-def _make_rows_dot(per16, bbytes, quants, scales, nt):
+def _make_rows_dot(family, bbytes, quants, scales, nt):
     """gemv intrinsic: two rows × nt tokens. Each superblock of the two rows is unpacked once
     (quants(builder, bp, j): unsigned weights of 64-element chunk j of the block at i8* bp;
-    scales(builder, bp): per-32 (per16 False: [8]) or per-16 ([16]) float32 (s, c) with
-    w_e = s · u_e + c) and multiplied with every token's int8 activations; the float work of
-    the two rows shares 16-lane vectors (row 0 in lanes 0-7, row 1 in 8-15 after the per-block
-    stage), lane by lane the same operations as tile_dot (batch invariance)."""
-    nf = 16 if per16 else 8  # activation floats per superblock
+    scales(builder, bp): per-32 ([8]) or per-16 ([16]) float32 (s, c) with w_e = s · u_e + c)
+    and multiplied with every token's int8 activations; the float work of the two rows shares
+    16-lane vectors (row 0 in lanes 0-7, row 1 in 8-15 after the per-block stage), lane by lane
+    the same operations as tile_dot (batch invariance). family: "s32" per-32 scales and biases,
+    "s16" per-16 scales and biases, "s16i" per-16 scales with c = -B·s, folded into the integer
+    dots (xb then holds int32 B · half sums)."""
+    per16 = family != "s32"
+    nf = 16 if per16 else 8  # activation terms per superblock
 
     @intrinsic
     def _rows_dot(typingctx, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride):
@@ -540,7 +543,13 @@ def _make_rows_dot(per16, bbytes, quants, scales, nt):
                     for sc, cc, qv in rows:
                         d = [_dpbusd(builder, ir.Constant(_V16I32, None), qv[j], xv[j]) for j in range(4)]
                         g.append(_group_sums(builder, d, 2))  # [16] exact sums of 4 lanes
-                    if per16:
+                    if family == "s16i":
+                        # tile_dot_s16_ib's block term, op for op: xd·(float(lo - B·X_lo)·s_lo + float(hi - B·X_hi)·s_hi)
+                        xbi = builder.bitcast(xbv, _V16I32)
+                        p = [builder.fmul(builder.sitofp(builder.sub(g[r], xbi), _V16F), rows[r][0]) for r in range(2)]
+                        v = builder.fadd(_shuf(builder, p[0], _EV16, p[1]), _shuf(builder, p[0], _OD16, p[1]))
+                        wv = builder.fmul(_shuf(builder, xav, _EV8 * 2), v)
+                    elif per16:
                         # tile_dot_s16_b16's block term, op for op:
                         # (lo·(xd·s_lo) + hi·(xd·s_hi)) + (c_lo·xb_lo + c_hi·xb_hi)
                         p = [builder.fmul(builder.sitofp(g[r], _V16F), builder.fmul(xav, rows[r][0])) for r in range(2)]
@@ -577,7 +586,8 @@ _TYPES_K32 = {KIND_Q4K: (Q4K_BYTES, _q4k_quants, _q4k_scales), KIND_Q5K: (Q5K_BY
 _TYPES_K16 = {KIND_Q6K: (Q6K_BYTES, _q6k_quants, _q6k_scales), KIND_Q3K: (Q3K_BYTES, _q3k_quants, _q3k_scales),
               KIND_Q2K: (Q2K_BYTES, _q2k_quants, _q2k_scales)}
 # _DOT[kind][nt]: rows-dot intrinsic for 1, 2 or 4 tokens
-_DOT = {kind: {nt: _make_rows_dot(kind in _TYPES_K16, *spec, nt) for nt in (1, 2, 4)}
+_FAMILY = {KIND_Q4K: "s32", KIND_Q5K: "s32", KIND_IQ4XS: "s32", KIND_Q6K: "s16i", KIND_Q3K: "s16i", KIND_Q2K: "s16"}
+_DOT = {kind: {nt: _make_rows_dot(_FAMILY[kind], *spec, nt) for nt in (1, 2, 4)}
         for kind, spec in {**_TYPES_K32, **_TYPES_K16}.items()}
 _q4k_dot1, _q4k_dot2, _q4k_dot4 = (_DOT[KIND_Q4K][t] for t in (1, 2, 4))
 _q5k_dot1, _q5k_dot2, _q5k_dot4 = (_DOT[KIND_Q5K][t] for t in (1, 2, 4))
@@ -645,9 +655,10 @@ def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride,
 TILE_ROWS = 4  # weight rows per tile_dot call: each activation vector load serves all of them
 
 
-def _make_tile_dot(scale16: bool, bias16: bool):
+def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
     """Intrinsic for TILE_ROWS decoded rows × one 16-token tile; scale16 / bias16: per-16 (else
-    per-32) weight scales / biases."""
+    per-32) weight scales / biases; ibias: biases c = -B·s folded into the integer dots (xbt then
+    holds int32 B · half sums; c is not read)."""
 
     @intrinsic
     def _tile_dot(typingctx, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
@@ -694,6 +705,14 @@ def _make_tile_dot(scale16: bool, bias16: bool):
                 sb = builder.mul(b, c64(4 * nsc))
                 cb = builder.mul(b, c64(4 * nbias))
                 out = []
+                if ibias:
+                    xbi = [builder.bitcast(v, _V16I32) for v in xbv]
+                    for r in range(TILE_ROWS):
+                        lo_f = builder.sitofp(builder.sub(lo[r], xbi[0]), _V16F)
+                        hi_f = builder.sitofp(builder.sub(hi[r], xbi[1]), _V16F)
+                        v = builder.fadd(builder.fmul(lo_f, fsplat(sr[r], sb)), builder.fmul(hi_f, fsplat(sr[r], builder.add(sb, c64(4)))))
+                        out.append(builder.fmul(xd, v))
+                    return out
                 for r in range(TILE_ROWS):
                     if scale16:
                         v = builder.fadd(builder.fmul(builder.sitofp(lo[r], _V16F), builder.fmul(xd, fsplat(sr[r], sb))),
@@ -731,6 +750,7 @@ def _make_tile_dot(scale16: bool, bias16: bool):
 
 _tile_dot_s32_b32 = _make_tile_dot(False, False)
 _tile_dot_s16_b16 = _make_tile_dot(True, True)
+_tile_dot_s16_ib = _make_tile_dot(True, True, True)
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
@@ -757,3 +777,15 @@ def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
               + (c_r[b,0] · xbt[b,0,t] + c_r[b,1] · xbt[b,1,t])."""
     _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                    nblk, out, ooff):
+    """As tile_dot_s16_b16 for per-16 types whose bias is c = -B·s (Q6_K B = 32, Q3_K B = 4): xbt
+    holds, as int32 bits, [nblk][2][16] B × the sums of elements 0-15 and 16-31 of each block, and
+    the block term is
+        w_b = xdt · (float(lo - xbt[b,0,t]) · s_r[b,0] + float(hi - xbt[b,1,t]) · s_r[b,1])
+    (the bias leaves the float work: exact integer dots of the signed weights); c is not read."""
+    _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                     nblk, out, ooff)

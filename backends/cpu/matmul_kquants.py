@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as T
 from edged.backends.cpu.kquant_simd import (
     GEMV_TOKENS, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, TILE_ROWS, TOKENS,
     iq4xs_decode_row, q2k_decode_row, q3k_decode_row, q4k_decode_row, q5k_decode_row, q6k_decode_row,
-    rows_dot, tile_dot_s16_b16, tile_dot_s32_b32,
+    rows_dot, tile_dot_s16_b16, tile_dot_s16_ib, tile_dot_s32_b32,
 )
 
 QK_K = 256  # elements per superblock
@@ -57,13 +57,21 @@ def _block_sums(xd, xs):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _half_terms(xq, xd, xs):
-    """(scale, scale × half sum) float32 [n, k/16] per 16 activations (the per-16 types' terms),
-    with the same float ops as _prepare_tiles: d·lo and d·(block sum - lo)."""
+def _int_bias(kind):
+    """B of the per-16 types whose bias is c = -B·s (folded into the integer dots), else 0."""
+    return 32 if kind == KIND_Q6K else (4 if kind == KIND_Q3K else 0)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _half_terms(xq, xd, xs, ib):
+    """(scale, bias term) float32 [n, k/16] per 16 activations (the per-16 types' terms), as
+    _prepare_tiles computes them: the block scale d (twice per block) and d·lo, d·(block sum - lo),
+    or with ib > 0 the int32 bits of ib·lo, ib·(block sum - lo)."""
     n, k = xq.shape
     n16 = k // 16
     xd16 = np.empty((n, n16), np.float32)  # [n, k/16]
     xs16 = np.empty((n, n16), np.float32)  # [n, k/16]
+    xs16i = xs16.view(np.int32)
     for t in range(n):
         for b in range(k // 32):
             d = xd[t, b]
@@ -72,8 +80,12 @@ def _half_terms(xq, xd, xs):
                 lo = np.int32(lo + np.int32(xq[t, 32 * b + l]))
             xd16[t, 2 * b] = d
             xd16[t, 2 * b + 1] = d
-            xs16[t, 2 * b] = d * np.float32(lo)
-            xs16[t, 2 * b + 1] = d * np.float32(xs[t, b] - lo)
+            if ib > 0:
+                xs16i[t, 2 * b] = np.int32(ib * lo)
+                xs16i[t, 2 * b + 1] = np.int32(ib * (xs[t, b] - lo))
+            else:
+                xs16[t, 2 * b] = d * np.float32(lo)
+                xs16[t, 2 * b + 1] = d * np.float32(xs[t, b] - lo)
     return xd16, xs16
 
 
@@ -84,7 +96,7 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
     m, rb = w.shape
     n, k = xq.shape
     if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
-        xa, xb = _half_terms(xq, xd, xs)  # [n, k/16] each
+        xa, xb = _half_terms(xq, xd, xs, _int_bias(kind))  # [n, k/16] each
     else:
         xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
     nf = xa.shape[1]
@@ -103,17 +115,19 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt):
+def _prepare_tiles(xq, xd, xs, n0, bias16, ib, xi, xdt, xbt):
     """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) as 16-token tiles (missing tokens zero):
     xi int8 [ntile, k/32 · 512] ([block][8 groups][16 tokens][4 bytes], as tile_dot reads it),
     xdt float32 [ntile, k/32 · 16] activation scales, and xbt float32 scale × sums: per block
-    [16] (block sums) or, with bias16, [2][16] (sums of elements 0-15 and 16-31)."""
+    [16] (block sums) or, with bias16, [2][16] (sums of elements 0-15 and 16-31); with ib > 0
+    those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
     n, k = xq.shape
     nblk = k // 32
     ntile = xi.shape[0]
     nb_ = 2 if bias16 else 1
     xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
     xi4 = xi.view(np.int32)  # [ntile, k/32 · 128]
+    xbi = xbt.view(np.int32)  # int bias terms (ib > 0)
     for tt in nb.prange(ntile * TOKENS):
         tile = tt // TOKENS
         t = tt % TOKENS
@@ -129,8 +143,12 @@ def _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt):
                     lo = np.int32(0)
                     for l in range(16):
                         lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
-                    xbt[tile, 2 * b * TOKENS + t] = d * np.float32(lo)
-                    xbt[tile, (2 * b + 1) * TOKENS + t] = d * np.float32(xs[tok, b] - lo)
+                    if ib > 0:
+                        xbi[tile, 2 * b * TOKENS + t] = np.int32(ib * lo)
+                        xbi[tile, (2 * b + 1) * TOKENS + t] = np.int32(ib * (xs[tok, b] - lo))
+                    else:
+                        xbt[tile, 2 * b * TOKENS + t] = d * np.float32(lo)
+                        xbt[tile, (2 * b + 1) * TOKENS + t] = d * np.float32(xs[tok, b] - lo)
                 else:
                     xbt[tile, b * TOKENS + t] = d * np.float32(xs[tok, b])
         else:
@@ -182,7 +200,9 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
                 live = min(TOKENS, n_live - tile * TOKENS)
                 xo = tile * nblk * 512
                 xdo = tile * nblk * TOKENS
-                if s16:
+                if kind == KIND_Q6K or kind == KIND_Q3K:
+                    tile_dot_s16_ib(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
+                elif s16:
                     tile_dot_s16_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
                 else:
                     tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
@@ -205,7 +225,7 @@ def _gemm(kind, w, xq, xd, xs, y):
         xi = np.empty((ntile, nblk * 512), np.int8)  # [ntile, k/32 · 8 · 16 · 4]
         xdt = np.empty((ntile, nblk * TOKENS), np.float32)  # [ntile, k/32 · 16]
         xbt = np.empty((ntile, nb_ * nblk * TOKENS), np.float32)  # [ntile, k/32 · (1|2) · 16]
-        _prepare_tiles(xq, xd, xs, n0, bias16, xi, xdt, xbt)
+        _prepare_tiles(xq, xd, xs, n0, bias16, _int_bias(kind), xi, xdt, xbt)
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y)
 
 

@@ -106,7 +106,7 @@ def _tiled_gemm(rows_kernel, kind, w, x):
     xi = np.empty((ntile, nblk * 512), np.int8)
     xdt = np.empty((ntile, nblk * 16), np.float32)
     xbt = np.empty((ntile, nb_ * nblk * 16), np.float32)
-    mk._prepare_tiles(xq, xd, xs, 0, nb_ == 2, xi, xdt, xbt)
+    mk._prepare_tiles(xq, xd, xs, 0, nb_ == 2, mk._int_bias(kind), xi, xdt, xbt)
     y = np.full((n, w.n_rows), np.nan, np.float32)
     rows_kernel(kind, w.rows(), 0, n, xi, xdt, xbt, y)
     return y
