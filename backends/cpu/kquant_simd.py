@@ -134,14 +134,17 @@ def _f16(builder, h):
 
 
 def _dpbusd(builder, acc, w, x):
-    """acc (16 x i32) + per-lane Σ of 4 products unsigned w bytes × signed x bytes (64 x i8 each)."""
+    """acc (16 or 8 x i32) + per-lane Σ of 4 products unsigned w bytes × signed x bytes (64 or 32
+    x i8 each)."""
+    lanes = acc.type.count
+    vt = _v(_I32, lanes)
     if USE_VNNI:
         fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V16I32, [_V16I32] * 3), "llvm.x86.avx512.vpdpbusd.512")
-        return builder.call(fn, [acc, builder.bitcast(w, _V16I32), builder.bitcast(x, _V16I32)])
-    prod = builder.mul(builder.zext(w, _v(_I32, 64)), builder.sext(x, _v(_I32, 64)))
+            builder.module, ir.FunctionType(vt, [vt] * 3), f"llvm.x86.avx512.vpdpbusd.{32 * lanes}")
+        return builder.call(fn, [acc, builder.bitcast(w, vt), builder.bitcast(x, vt)])
+    prod = builder.mul(builder.zext(w, _v(_I32, 4 * lanes)), builder.sext(x, _v(_I32, 4 * lanes)))
     for q in range(4):
-        acc = builder.add(acc, _shuf(builder, prod, [4 * t + q for t in range(16)]))
+        acc = builder.add(acc, _shuf(builder, prod, [4 * t + q for t in range(lanes)]))
     return acc
 
 
@@ -655,8 +658,9 @@ def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride,
 TILE_ROWS = 4  # weight rows per tile_dot call: each activation vector load serves all of them
 
 
-def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
-    """Intrinsic for TILE_ROWS decoded rows × one 16-token tile; scale16 / bias16: per-16 (else
+def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = TOKENS):
+    """Intrinsic for TILE_ROWS decoded rows × one nt-token tile (16: zmm lanes, 8: ymm lanes, as
+    fast per token on hosts that split 512-bit ops in two); scale16 / bias16: per-16 (else
     per-32) weight scales / biases; ibias: biases c = -B·s folded into the integer dots (xbt then
     holds int32 B · half sums; c is not read)."""
 
@@ -682,44 +686,45 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
             sr = [builder.gep(sp, [builder.mul(i64(5), c64(4 * r))]) for r in range(TILE_ROWS)]
             cr = [builder.gep(cp, [builder.mul(i64(8), c64(4 * r))]) for r in range(TILE_ROWS)]
             nsc, nbias = (2 if scale16 else 1), (2 if bias16 else 1)
-            zero_i, zero_f = ir.Constant(_V16I32, None), ir.Constant(_V16F, None)
-            fsplat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), _V16F)  # noqa: E731
+            vi, vf, vb = _v(_I32, nt), _v(_F32, nt), _v(_I8, 4 * nt)
+            zero_i, zero_f = ir.Constant(vi, None), ir.Constant(vf, None)
+            fsplat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), vf)  # noqa: E731
 
             def block_terms(b):
-                """Per-row [16]-token vectors of the canonical block term w_b (see _tree8)."""
-                xb = builder.gep(xp, [builder.mul(b, c64(512))])
+                """Per-row [nt]-token vectors of the canonical block term w_b (see _tree8)."""
+                xb = builder.gep(xp, [builder.mul(b, c64(32 * nt))])
                 ub = builder.mul(b, c64(32))
                 lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
                 for g in range(8):  # int32 chains per row: elements 0-15 (lo) and 16-31 (hi)
-                    xv = _ld(builder, xb, 64 * g, _V64I8)
+                    xv = _ld(builder, xb, 4 * nt * g, vb)
                     for r in range(TILE_ROWS):
                         wword = _ld(builder, ur[r], builder.add(ub, c64(4 * g)), _I32)
-                        wv = builder.bitcast(_splat(builder, wword, _V16I32), _V64I8)
+                        wv = builder.bitcast(_splat(builder, wword, vi), vb)
                         if g < 4:
                             lo[r] = _dpbusd(builder, lo[r], wv, xv)
                         else:
                             hi[r] = _dpbusd(builder, hi[r], wv, xv)
-                xd = _ld(builder, xdp, builder.mul(b, c64(64)), _V16F)
-                xbv = [_ld(builder, xbp, builder.add(builder.mul(b, c64(64 * nbias)), c64(64 * q)), _V16F)
+                xd = _ld(builder, xdp, builder.mul(b, c64(4 * nt)), vf)
+                xbv = [_ld(builder, xbp, builder.add(builder.mul(b, c64(4 * nt * nbias)), c64(4 * nt * q)), vf)
                        for q in range(nbias)]
                 sb = builder.mul(b, c64(4 * nsc))
                 cb = builder.mul(b, c64(4 * nbias))
                 out = []
                 if ibias:
-                    xbi = [builder.bitcast(v, _V16I32) for v in xbv]
+                    xbi = [builder.bitcast(v, vi) for v in xbv]
                     for r in range(TILE_ROWS):
-                        lo_f = builder.sitofp(builder.sub(lo[r], xbi[0]), _V16F)
-                        hi_f = builder.sitofp(builder.sub(hi[r], xbi[1]), _V16F)
+                        lo_f = builder.sitofp(builder.sub(lo[r], xbi[0]), vf)
+                        hi_f = builder.sitofp(builder.sub(hi[r], xbi[1]), vf)
                         v = builder.fadd(builder.fmul(lo_f, fsplat(sr[r], sb)), builder.fmul(hi_f, fsplat(sr[r], builder.add(sb, c64(4)))))
                         out.append(builder.fmul(xd, v))
                     return out
                 for r in range(TILE_ROWS):
                     if scale16:
-                        v = builder.fadd(builder.fmul(builder.sitofp(lo[r], _V16F), builder.fmul(xd, fsplat(sr[r], sb))),
-                                         builder.fmul(builder.sitofp(hi[r], _V16F),
+                        v = builder.fadd(builder.fmul(builder.sitofp(lo[r], vf), builder.fmul(xd, fsplat(sr[r], sb))),
+                                         builder.fmul(builder.sitofp(hi[r], vf),
                                                       builder.fmul(xd, fsplat(sr[r], builder.add(sb, c64(4))))))
                     else:
-                        v = builder.fmul(builder.sitofp(builder.add(lo[r], hi[r]), _V16F), builder.fmul(xd, fsplat(sr[r], sb)))
+                        v = builder.fmul(builder.sitofp(builder.add(lo[r], hi[r]), vf), builder.fmul(xd, fsplat(sr[r], sb)))
                     bias = builder.fmul(fsplat(cr[r], cb), xbv[0])
                     if bias16:
                         bias = builder.fadd(bias, builder.fmul(fsplat(cr[r], builder.add(cb, c64(4))), xbv[1]))
@@ -740,7 +745,7 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
             nsb = builder.udiv(i64(15), c64(8))
             acc = _loop(builder, nsb, body, [zero_f] * TILE_ROWS)
             for r in range(TILE_ROWS):
-                _st(builder, acc[r], op, 64 * r)
+                _st(builder, acc[r], op, 4 * nt * r)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -751,6 +756,9 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
 _tile_dot_s32_b32 = _make_tile_dot(False, False)
 _tile_dot_s16_b16 = _make_tile_dot(True, True)
 _tile_dot_s16_ib = _make_tile_dot(True, True, True)
+_tile8_dot_s32_b32 = _make_tile_dot(False, False, nt=8)
+_tile8_dot_s16_b16 = _make_tile_dot(True, True, nt=8)
+_tile8_dot_s16_ib = _make_tile_dot(True, True, True, nt=8)
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
@@ -789,3 +797,32 @@ def tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xi
     (the bias leaves the float work: exact integer dots of the signed weights); c is not read."""
     _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+             nblk, out, ooff):
+    """The tile dot of type `kind` for an nt-token tile (16 or 8; the layouts above with 16
+    replaced by nt): tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K / Q3_K,
+    tile_dot_s16_b16 for Q2_K."""
+    if kind == KIND_Q6K or kind == KIND_Q3K:
+        if nt == 8:
+            _tile8_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                              nblk, out, ooff)
+        else:
+            _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                             nblk, out, ooff)
+    elif kind == KIND_Q2K:
+        if nt == 8:
+            _tile8_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                               nblk, out, ooff)
+        else:
+            _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                              nblk, out, ooff)
+    else:
+        if nt == 8:
+            _tile8_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                               nblk, out, ooff)
+        else:
+            _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                              nblk, out, ooff)

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as T
 from edged.backends.cpu.kquant_simd import (
     GEMV_TOKENS, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, TILE_ROWS, TOKENS,
     iq4xs_decode_row, q2k_decode_row, q3k_decode_row, q4k_decode_row, q5k_decode_row, q6k_decode_row,
-    rows_dot, tile_dot_s16_b16, tile_dot_s16_ib, tile_dot_s32_b32,
+    rows_dot, tile_dot,
 )
 
 QK_K = 256  # elements per superblock
@@ -115,61 +115,61 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _prepare_tiles(xq, xd, xs, n0, bias16, ib, xi, xdt, xbt):
-    """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) as 16-token tiles (missing tokens zero):
-    xi int8 [ntile, k/32 · 512] ([block][8 groups][16 tokens][4 bytes], as tile_dot reads it),
-    xdt float32 [ntile, k/32 · 16] activation scales, and xbt float32 scale × sums: per block
-    [16] (block sums) or, with bias16, [2][16] (sums of elements 0-15 and 16-31); with ib > 0
-    those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
+def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
+    """Tokens n0 : n0 + tw·ntile of (xq, xd, xs) as tw-token tiles (tw 16 or 8; missing tokens
+    zero): xi int8 [ntile, k/32 · 32·tw] ([block][8 groups][tw tokens][4 bytes], as tile_dot
+    reads it), xdt float32 [ntile, k/32 · tw] activation scales, and xbt float32 scale × sums: per
+    block [tw] (block sums) or, with bias16, [2][tw] (sums of elements 0-15 and 16-31); with
+    ib > 0 those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
     n, k = xq.shape
     nblk = k // 32
     ntile = xi.shape[0]
     nb_ = 2 if bias16 else 1
     xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
-    xi4 = xi.view(np.int32)  # [ntile, k/32 · 128]
+    xi4 = xi.view(np.int32)  # [ntile, k/32 · 8·tw]
     xbi = xbt.view(np.int32)  # int bias terms (ib > 0)
-    for tt in nb.prange(ntile * TOKENS):
-        tile = tt // TOKENS
-        t = tt % TOKENS
+    for tt in nb.prange(ntile * tw):
+        tile = tt // tw
+        t = tt % tw
         tok = n0 + tt
         if tok < n:
             for b in range(nblk):
                 for g in range(8):
-                    xi4[tile, b * 128 + g * 16 + t] = xq4[tok, b * 8 + g]
+                    xi4[tile, (b * 8 + g) * tw + t] = xq4[tok, b * 8 + g]
             for b in range(nblk):
                 d = xd[tok, b]
-                xdt[tile, b * TOKENS + t] = d
+                xdt[tile, b * tw + t] = d
                 if bias16:
                     lo = np.int32(0)
                     for l in range(16):
                         lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
                     if ib > 0:
-                        xbi[tile, 2 * b * TOKENS + t] = np.int32(ib * lo)
-                        xbi[tile, (2 * b + 1) * TOKENS + t] = np.int32(ib * (xs[tok, b] - lo))
+                        xbi[tile, 2 * b * tw + t] = np.int32(ib * lo)
+                        xbi[tile, (2 * b + 1) * tw + t] = np.int32(ib * (xs[tok, b] - lo))
                     else:
-                        xbt[tile, 2 * b * TOKENS + t] = d * np.float32(lo)
-                        xbt[tile, (2 * b + 1) * TOKENS + t] = d * np.float32(xs[tok, b] - lo)
+                        xbt[tile, 2 * b * tw + t] = d * np.float32(lo)
+                        xbt[tile, (2 * b + 1) * tw + t] = d * np.float32(xs[tok, b] - lo)
                 else:
-                    xbt[tile, b * TOKENS + t] = d * np.float32(xs[tok, b])
+                    xbt[tile, b * tw + t] = d * np.float32(xs[tok, b])
         else:
             for b in range(nblk):
                 for g in range(8):
-                    xi4[tile, b * 128 + g * 16 + t] = 0
-                xdt[tile, b * TOKENS + t] = 0.0
+                    xi4[tile, (b * 8 + g) * tw + t] = 0
+                xdt[tile, b * tw + t] = 0.0
                 for q in range(nb_):
-                    xbt[tile, (nb_ * b + q) * TOKENS + t] = 0.0
+                    xbt[tile, (nb_ * b + q) * tw + t] = 0.0
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
-    """y[n0 : n0 + n_live, :] for prepared tiles; `kind` picks the row decoder and tile dot at run
-    time (one compiled kernel for every type; the branches are per row and per tile)."""
+def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
+    """y[n0 : n0 + n_live, :] for prepared tw-token tiles; `kind` picks the row decoder and tile
+    dot at run time (one compiled kernel for every type; the branches are per row and per tile)."""
     m, rb = w.shape
     ntile = xi.shape[0]
-    nblk = xdt.shape[1] // TOKENS
+    nblk = xdt.shape[1] // tw
     k = nblk * 32
     nsb = k // QK_K
-    s16 = kind == _KIND_Q6K or kind == _KIND_Q3K or kind == _KIND_Q2K
+    s16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K
     ns = 2 * nblk if s16 else nblk  # scales per row
     nc = 2 * nblk if s16 else nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
@@ -179,54 +179,51 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
         u = np.zeros(GEMM_ROWS * k, np.uint8)  # [rows, k] decoded unsigned weights
         s = np.zeros(GEMM_ROWS * ns, np.float32)  # [rows, ns]
         c = np.zeros(GEMM_ROWS * nc, np.float32)  # [rows, nc]
-        acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, 16] rows × one tile
+        acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, tw] rows × one tile
         for grp in range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks):
             r0 = grp * GEMM_ROWS
             nr = min(m - r0, GEMM_ROWS)
             for i in range(nr):
-                if kind == _KIND_Q4K:
+                if kind == KIND_Q4K:
                     q4k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == _KIND_Q5K:
+                elif kind == KIND_Q5K:
                     q5k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == _KIND_Q6K:
+                elif kind == KIND_Q6K:
                     q6k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == _KIND_Q3K:
+                elif kind == KIND_Q3K:
                     q3k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == _KIND_Q2K:
+                elif kind == KIND_Q2K:
                     q2k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
                 else:
                     iq4xs_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
             for tile in range(ntile):
-                live = min(TOKENS, n_live - tile * TOKENS)
-                xo = tile * nblk * 512
-                xdo = tile * nblk * TOKENS
-                if kind == KIND_Q6K or kind == KIND_Q3K:
-                    tile_dot_s16_ib(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
-                elif s16:
-                    tile_dot_s16_b16(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, 2 * xdo, nblk, acc, 0)
-                else:
-                    tile_dot_s32_b32(u, 0, k, s, 0, ns, c, 0, nc, xi, xo, xdt, xdo, xbt, xdo, nblk, acc, 0)
+                live = min(tw, n_live - tile * tw)
+                xdo = tile * nblk * tw
+                xbo = 2 * xdo if s16 else xdo
+                tile_dot(kind, tw, u, 0, k, s, 0, ns, c, 0, nc, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0)
                 for i in range(nr):
                     for t in range(live):
-                        y[n0 + tile * TOKENS + t, r0 + i] = acc[i * TOKENS + t]
+                        y[n0 + tile * tw + t, r0 + i] = acc[i * tw + t]
 
 
 @nb.njit(cache=True, nogil=True)
 def _gemm(kind, w, xq, xd, xs, y):
-    """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows."""
+    """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
+    at most 8 tokens uses 8-token tiles (ymm lanes: half the work of a 16-token tile)."""
     n, k = xq.shape
     nblk = k // 32
-    bias16 = kind == _KIND_Q6K or kind == _KIND_Q3K or kind == _KIND_Q2K
+    bias16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K
     nb_ = 2 if bias16 else 1
     per_pass = max(1, _TILE_BYTES // (TOKENS * k)) * TOKENS
     for n0 in range(0, n, per_pass):
         n_live = min(n - n0, per_pass)
-        ntile = (n_live + TOKENS - 1) // TOKENS
-        xi = np.empty((ntile, nblk * 512), np.int8)  # [ntile, k/32 · 8 · 16 · 4]
-        xdt = np.empty((ntile, nblk * TOKENS), np.float32)  # [ntile, k/32 · 16]
-        xbt = np.empty((ntile, nb_ * nblk * TOKENS), np.float32)  # [ntile, k/32 · (1|2) · 16]
-        _prepare_tiles(xq, xd, xs, n0, bias16, _int_bias(kind), xi, xdt, xbt)
-        _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y)
+        tw = 8 if n_live <= 8 else TOKENS
+        ntile = (n_live + tw - 1) // tw
+        xi = np.empty((ntile, nblk * 32 * tw), np.int8)  # [ntile, k/32 · 8 · tw · 4]
+        xdt = np.empty((ntile, nblk * tw), np.float32)  # [ntile, k/32 · tw]
+        xbt = np.empty((ntile, nb_ * nblk * tw), np.float32)  # [ntile, k/32 · (1|2) · tw]
+        _prepare_tiles(xq, xd, xs, n0, tw, bias16, _int_bias(kind), xi, xdt, xbt)
+        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y)
 
 
 @nb.njit(cache=True, nogil=True)
