@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.act_quant import quantize_activations as cpu_quantize
-from tests.backends.cuda.checks import ALL_TYPES, check_matmul, ops, weight
+from tests.backends.cuda.checks import ALL_TYPES, check_act_quant, check_matmul, ops, weight
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
@@ -25,17 +24,7 @@ def test_matmul_two_superblocks():
 
 
 def test_activation_quantization_is_bit_identical_to_cpu():
-    o = ops()
-    from edged.backends.cuda.act_quant import quantize_activations
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((3, 96)).astype(np.float32)
-    x[0, :32] = np.arange(32, dtype=np.float32) - 15.5  # x / d lands on halves: ties to even
-    x[0, 31] = 127.0  # amax 127 -> d = 1
-    x[1, 32:64] = 0.0  # an all-zero block: d = 0
-    got = [o.to_host(a) for a in quantize_activations(o.upload(x))]
-    for g, want in zip(got, cpu_quantize(x)):
-        np.testing.assert_array_equal(g, want)
+    check_act_quant(n=3, k=96)
 
 
 def test_unsupported_and_bad_inputs_are_clear_errors():

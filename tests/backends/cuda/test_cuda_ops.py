@@ -70,3 +70,9 @@ def test_transfers_and_memory():
     np.testing.assert_array_equal(o.to_host(o.upload(x)), x)
     free, total = o.device_memory()
     assert isinstance(free, int) and isinstance(total, int) and 0 < free <= total
+
+
+def test_upload_of_a_device_array_is_that_array():
+    o = ops()
+    d = o.upload(np.zeros(3, np.float32))
+    assert o.upload(d) is d

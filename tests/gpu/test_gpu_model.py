@@ -1,0 +1,39 @@
+"""The default model's real tensors (Gemma 3 270M Q4_K_M) through the CUDA kernels vs the CPU backend."""
+
+import numpy as np
+
+from edged.backends import cpu
+from edged.quant.gguf import load_gguf
+from tests.backends.cuda.checks import MATMUL_RTOL, ops
+from tests.helpers.model import default_model_path
+from tests.helpers.qdata import reference_dequantize
+
+
+def test_real_tensors_match_cpu():
+    o = ops()
+    gf = load_gguf(default_model_path())
+    try:
+        seen = {}
+        for t in gf.tensors.values():  # one 2-D tensor of each quantized type, plus the output/embedding table
+            if len(t.shape) == 2 and t.qtype not in seen and t.qtype.name != "F32":
+                seen[t.qtype] = t
+        assert len(seen) >= 3, f"expected several quantized types, found {[q.name for q in seen]}"
+        rng = np.random.default_rng(0)
+        for w in seen.values():
+            wd = o.upload_matrix(w)
+            wmax = float(np.abs(reference_dequantize(w)).max()) if w.n_rows <= 8192 else None
+            for n in (1, 16):
+                x = rng.standard_normal((n, w.n_cols)).astype(np.float32)
+                y = o.to_host(o.matmul(wd, o.upload(x)))
+                want = cpu.matmul(w, x)
+                if wmax is None:  # the 262144-row table: bound by the largest output instead
+                    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * float(np.abs(want).max()), err_msg=w.name)
+                else:
+                    bound = MATMUL_RTOL * (np.abs(want) + np.abs(x).sum(1, keepdims=True) * wmax)
+                    assert np.all(np.abs(y - want) <= bound), w.name
+        emb = gf.tensors["token_embd.weight"]
+        ids = np.array([2, 0, 262143, 105, 9259], dtype=np.int32)
+        got = o.to_host(o.embed(o.upload_matrix(emb), ids))
+        np.testing.assert_array_equal(got, cpu.embed(emb, ids))
+    finally:
+        gf.close()
