@@ -52,7 +52,7 @@ def test_gemv_and_gemm_bit_identical(qtype):
     """Both kernels on the same quantized activations give bit-identical outputs (the canonical
     8-lane float order), for k with no, one and several 8-block groups plus a partial group, and
     n values each path rarely sees (n=3 through gemm: a partial 16-token tile; n=17 through gemv)."""
-    gemv, gemm = mm.kernels_for(qtype)
+    gemv, gemm = mm.kernels_for(qtype)[0], tile_gemm(qtype)
     for k in (96, 288, 640):
         m = 33
         w = random_qtensor(qtype, m, k, seed=k)
@@ -63,6 +63,24 @@ def test_gemv_and_gemm_bit_identical(qtype):
             gemv(w.rows(), *qx, y1)
             gemm(w.rows(), *qx, y2)
             np.testing.assert_array_equal(y1, y2, err_msg=f"{qtype.name} k={k} n={n}")
+
+
+def tile_gemm(qtype):
+    """The 16-token-tile gemm itself (the public gemm hands small batches of raw types to gemv)."""
+    kind = np.int64(getattr(matmul_legacy, "_" + qtype.name))
+    return lambda *args: matmul_legacy._gemm(kind, *args)
+
+
+def test_gemm_hands_small_batches_to_gemv():
+    """Either side of RAW_GEMV_MAX_N (gemv below, tile gemm above) the public gemm matches the tile
+    gemm bit for bit."""
+    w = random_qtensor(T.Q5_0, 9, 64, seed=2)
+    for n in (matmul_legacy.RAW_GEMV_MAX_N, matmul_legacy.RAW_GEMV_MAX_N + 1):
+        qx = quantize_activations(activations(n, 64, seed=n))
+        y, ref = np.empty((n, 9), np.float32), np.empty((n, 9), np.float32)
+        matmul_legacy.gemm_q5_0(w.rows(), *qx, y)
+        tile_gemm(T.Q5_0)(w.rows(), *qx, ref)
+        np.testing.assert_array_equal(y, ref)
 
 
 def _canonical_q8_0(w, xq, xd, xs):
@@ -85,7 +103,7 @@ def _canonical_q8_0(w, xq, xd, xs):
 
 def test_canonical_order_exact():
     """gemv and gemm reproduce the documented float order bit for bit (numpy float32 model)."""
-    gemv, gemm = mm.kernels_for(T.Q8_0)
+    gemv, gemm = mm.kernels_for(T.Q8_0)[0], tile_gemm(T.Q8_0)
     for k in (64, 320, 544):
         w = random_qtensor(T.Q8_0, 11, k, seed=k)
         qx = quantize_activations(activations(5, k, seed=k))
