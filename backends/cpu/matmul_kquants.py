@@ -31,8 +31,8 @@ QK_K = 256  # elements per superblock
 GEMV_ROWS = 16  # rows per prange task in the gemv kernels
 GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied together per tile
 # prange steps of the gemm row loop; each allocates its scratch once (a fixed count: asking for the
-# thread count in a kernel defeats Numba's on-disk cache)
-_GEMM_TASKS = 64
+# thread count in a kernel defeats Numba's on-disk cache; 64 tasks' allocations cost ~12 us a call)
+_GEMM_TASKS = 16
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
 
@@ -175,14 +175,17 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
     n_tasks = min(n_groups, _GEMM_TASKS)
     for task in nb.prange(n_tasks):
-        # zeroed: rows past m in the last group run through tile_dot too (their outputs are dropped)
-        u = np.zeros(GEMM_ROWS * k, np.uint8)  # [rows, k] decoded unsigned weights
-        s = np.zeros(GEMM_ROWS * ns, np.float32)  # [rows, ns]
-        c = np.zeros(GEMM_ROWS * nc, np.float32)  # [rows, nc]
+        u = np.empty(GEMM_ROWS * k, np.uint8)  # [rows, k] decoded unsigned weights
+        s = np.empty(GEMM_ROWS * ns, np.float32)  # [rows, ns]
+        c = np.empty(GEMM_ROWS * nc, np.float32)  # [rows, nc]
         acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, tw] rows × one tile
         for grp in range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks):
             r0 = grp * GEMM_ROWS
             nr = min(m - r0, GEMM_ROWS)
+            # rows past m in the last group run through tile_dot too (outputs dropped): zero them
+            u[nr * k :] = 0
+            s[nr * ns :] = 0.0
+            c[nr * nc :] = 0.0
             for i in range(nr):
                 if kind == KIND_Q4K:
                     q4k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
