@@ -155,3 +155,75 @@ def bench_prefix_cache(lm, prefix_tokens: int = 1024, suffix_tokens: int = 16, r
 def _summary(xs) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": len(xs)}
 
+
+
+def step_breakdown(lm, levels=(1, 4, 16), prompt_tokens: int = 32, gen_tokens: int = 64,
+                   repeat: int = 3, clock: str = "wall") -> list[dict]:
+    """Decode-step time split into phases and ops (ms per step, median of `repeat` runs) at each
+    concurrency level. Prompts are short so every request is prefilled in the first step; only
+    the steps after every request has its first token are counted."""
+    from edged.engine.profile import StepProfiler
+
+    vocab = lm.model.vocab_size
+    rows = []
+    for c in levels:
+        engine = make_engine(lm, max_seqs=c, ctx=prompt_tokens + gen_tokens + 16,
+                             max_batch_tokens=max(512, c * prompt_tokens))
+        prof = StepProfiler(clock).attach(engine)
+        runs = []
+        try:
+            for r in range(repeat + 1):  # the first run warms up
+                streams = [engine.add_request(_prompt(vocab, prompt_tokens, 7919 * r + i), _greedy(gen_tokens))
+                           for i in range(c)]
+                its = [iter(s) for s in streams]
+                for it in its:
+                    next(it)  # first token: prefill done
+                prof.reset()
+                t0 = time.perf_counter()
+                n = 0
+                for it in its:
+                    for d in it:
+                        if d.finish_reason == "error":
+                            raise RuntimeError(d.error)
+                        n += d.token_id is not None
+                wall = time.perf_counter() - t0
+                if r == 0:
+                    continue
+                ms = prof.per_step_ms()
+                ms["wall per step"] = wall * 1e3 / max(prof.steps, 1)
+                ms["tokens_per_s"] = n / wall
+                ms["steps"] = prof.steps
+                runs.append(ms)
+        finally:
+            prof.detach()
+            engine.stop()
+        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        med["concurrency"] = c
+        rows.append(med)
+    return rows
+
+
+def format_breakdown(rows: list[dict]) -> str:
+    """One column per concurrency level, one row per phase (ms per decode step)."""
+    keys = [k for k in rows[0] if k not in ("concurrency", "tokens_per_s", "steps")]
+    head = f"{'ms per decode step':<20}" + "".join(f"{'c=' + str(r['concurrency']):>10}" for r in rows)
+    lines = [head]
+    for k in keys:
+        lines.append(f"{k:<20}" + "".join(f"{r[k]:>10.3f}" for r in rows))
+    lines.append(f"{'tokens/s':<20}" + "".join(f"{r['tokens_per_s']:>10.1f}" for r in rows))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m edged.bench_engine breakdown [levels] [repeat] [wall|thread]
+    import sys
+
+    from edged.loader import load
+
+    args = sys.argv[1:]
+    if args and args[0] == "breakdown":
+        args = args[1:]
+    lv = tuple(int(x) for x in args[0].split(",")) if args else (1, 4, 16)
+    rep = int(args[1]) if len(args) > 1 else 3
+    clk = args[2] if len(args) > 2 else "wall"
+    _lm = load(None)
+    print(format_breakdown(step_breakdown(_lm, lv, repeat=rep, clock=clk)))

@@ -298,3 +298,21 @@ def test_bad_inputs_at_sample_time():
     with pytest.raises(ValueError, match="history token ids"):
         sample(LOGITS[None], [SamplingParams(repetition_penalty=1.1, seed=0)], [[99]], [make_rng(p)])
     assert SamplingParams(stop="###").stop == ("###",)
+
+
+def test_plain_greedy_rows_among_other_rows():
+    # greedy rows without bias/penalties take the batched argmax path (all rows, or a subset)
+    logits = np.random.default_rng(5).standard_normal((5, 3000)).astype(np.float32)
+    ps = [SamplingParams(temperature=0), SamplingParams(seed=3), SamplingParams(temperature=0),
+          SamplingParams(temperature=0, logit_bias={7: 100.0}), SamplingParams(temperature=0)]
+    rngs = [None, make_rng(ps[1]), None, None, None]
+    toks, _ = sample(logits, ps, None, rngs)
+    for i in (0, 2, 4):
+        assert toks[i] == logits[i].argmax()
+    assert toks[3] == 7
+    bad = logits.copy()
+    bad[2] = np.nan  # a NaN row among plain greedy rows of a mixed batch is still refused
+    with pytest.raises(ValueError, match="NaN"):
+        sample(bad, ps, None, [None, make_rng(ps[1]), None, None, None])
+    with pytest.raises(ValueError, match="NaN"):
+        sample(bad[[0, 2]], [ps[0], ps[2]])

@@ -19,7 +19,7 @@ from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
 from edged.engine.scheduler import Scheduler
-from edged.engine.stream import Delta, RequestStream
+from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
 from edged.sampling import Sampler, SamplingParams
@@ -79,6 +79,7 @@ class Engine:
         self.sampler = Sampler()
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox = Outbox()  # this step's deltas, flushed once per step (engine thread only)
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -101,9 +102,12 @@ class Engine:
             self._thread.join()
 
     def add_request(self, prompt_ids, params: SamplingParams, request_id: str | None = None,
-                    loop=None) -> RequestStream:
+                    loop=None, sink=None) -> RequestStream:
         """Queue a generation; returns its stream. Validation errors raise here, before queueing
-        (vocab range, empty prompt, too long for the pool or context)."""
+        (vocab range, empty prompt, too long for the pool or context).
+
+        loop: deliver the deltas on this asyncio loop (`async for` the stream there), or, with
+        `sink`, call sink(delta) on that loop for each one instead of queueing them."""
         request_id = request_id or f"req-{next(self._ids)}"
         prompt_ids = [int(t) for t in prompt_ids]
         vocab = self.model.vocab_size
@@ -115,7 +119,9 @@ class Engine:
         self.scheduler.check_admissible(req)
         stream = RequestStream(request_id)
         if loop is not None:
-            stream.bind_loop(loop)
+            stream.bind_loop(loop, sink)
+        elif sink is not None:
+            raise ValueError("a sink needs the loop to call it on")
         eos = frozenset(self.tokenizer.eos_ids) | frozenset(params.stop_token_ids)
         out = OutputState(self.tokenizer.stream_decoder(), tuple(params.stop), eos, params.ignore_eos)
         self._inbox.put(("add", _Live(req, stream, out, params)))
@@ -147,6 +153,7 @@ class Engine:
             try:
                 kind, arg = self._inbox.get_nowait()
             except queue.Empty:
+                self._outbox.flush()  # abort deltas
                 return
             if kind == "add":
                 self._live[arg.req.request_id] = arg
@@ -162,9 +169,9 @@ class Engine:
         self.scheduler.finish(live.req, reason)
         self.sampler.release(live.req.request_id)
         self._live.pop(live.req.request_id, None)
-        live.stream.put(Delta(token_id, text, *(logprob or (None, None)), finish_reason=reason,
-                              error=error, num_prompt_tokens=live.req.num_prompt_tokens,
-                              num_output_tokens=live.req.num_output_tokens))
+        self._outbox.put(live.stream, Delta(
+            token_id, text, *(logprob or (None, None)), finish_reason=reason, error=error,
+            num_prompt_tokens=live.req.num_prompt_tokens, num_output_tokens=live.req.num_output_tokens))
 
     def _loop(self) -> None:
         while not self._stop:
@@ -180,6 +187,8 @@ class Engine:
                 for live in list(self._live.values()):
                     if live.req in self.scheduler.running:
                         self._finish(live, "error", error=f"{type(e).__name__}: {e}")
+            finally:
+                self._outbox.flush()
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -211,6 +220,7 @@ class Engine:
                     results.append((int(t[0]), inf[0]))
                 except Exception as e:
                     results.append(e)
+        out, max_len = self._outbox, self.scheduler.max_len
         for lv, res in zip(lives, results):
             if isinstance(res, Exception):
                 self._finish(lv, "error", error=f"{type(res).__name__}: {res}")
@@ -223,12 +233,13 @@ class Engine:
             if info is not None:
                 lp = (info.token_logprob,
                       list(zip(info.top_ids.tolist(), info.top_logprobs.tolist())))
-            text, reason = lv.out.on_token(token, req.num_output_tokens >= req.max_tokens)
-            if reason is None and req.num_tokens >= self.scheduler.max_len:
+            n_out = req.num_output_tokens
+            text, reason = lv.out.on_token(token, n_out >= req.max_tokens)
+            if reason is None and req.num_tokens >= max_len:
                 text, reason = text + lv.out.pending, "length"
             if reason is not None:
                 self._finish(lv, reason, text=text, token_id=token, logprob=lp)
+            elif lp is None:
+                out.put(lv.stream, Delta(token, text, None, None, None, None, req.num_prompt_tokens, n_out))
             else:
-                lv.stream.put(Delta(token, text, *(lp or (None, None)),
-                                    num_prompt_tokens=req.num_prompt_tokens,
-                                    num_output_tokens=req.num_output_tokens))
+                out.put(lv.stream, Delta(token, text, lp[0], lp[1], None, None, req.num_prompt_tokens, n_out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -49,8 +50,8 @@ class Generation:
         self.choices: list[Choice] = []
         self.arrival = time.monotonic()
         self._queue: asyncio.Queue | None = None
-        self._pumps: list[asyncio.Task] = []
         self._reserved = 0
+        self._closed = False
 
     def submit(self, prompts: list[list[int]], base: SamplingParams, n: int,
                max_tokens: int | None, default_max_tokens, top_logprobs: int | None) -> None:
@@ -76,30 +77,34 @@ class Generation:
                     idx = p * n + k
                     c = Choice(idx, f"{self.request_id}-{idx}", ids)
                     params = choice_params(base, idx, mt, top_logprobs)
-                    c.stream = st.engine.add_request(ids, params, request_id=c.request_id, loop=loop)
+                    # deltas arrive through _on_delta on this loop: no task or queue per choice
+                    c.stream = st.engine.add_request(ids, params, request_id=c.request_id, loop=loop,
+                                                     sink=functools.partial(self._on_delta, c))
                     st.live_ids.add(c.request_id)
                     self.choices.append(c)
-                    self._pumps.append(asyncio.ensure_future(self._pump(c)))
         except BaseException:
             self.close()
             raise
 
-    async def _pump(self, c: Choice) -> None:
+    def _on_delta(self, c: Choice, d: Delta) -> None:
+        """On the loop, for each delta of choice c (the engine batches a step's deltas into one
+        wake-up of the loop)."""
+        if self._closed or c.finished:  # closed, or aborted by close(): nobody reads these
+            return
         m = self.state.metrics
-        async for d in c.stream:
-            now = time.monotonic()
-            if d.token_id is not None:
-                if c.first_token_at is None:
-                    c.first_token_at = now
-                    m.ttft.observe(now - self.arrival)
-                else:
-                    m.itl.observe(now - c.last_token_at)
-                c.last_token_at = now
-            c.num_output_tokens = d.num_output_tokens
-            if d.finish_reason is not None:
-                self._finish(c, d.finish_reason)
-                m.e2e.observe(now - self.arrival)
-            await self._queue.put((c, d))
+        now = time.monotonic()
+        if d.token_id is not None:
+            if c.first_token_at is None:
+                c.first_token_at = now
+                m.ttft.observe(now - self.arrival)
+            else:
+                m.itl.observe(now - c.last_token_at)
+            c.last_token_at = now
+        c.num_output_tokens = d.num_output_tokens
+        if d.finish_reason is not None:
+            self._finish(c, d.finish_reason)
+            m.e2e.observe(now - self.arrival)
+        self._queue.put_nowait((c, d))
 
     def _finish(self, c: Choice, reason: str) -> None:
         if not c.finished:
@@ -131,8 +136,7 @@ class Generation:
             if not c.finished:
                 self.state.engine.abort(c.request_id)
                 self._finish(c, "abort")
-        for t in self._pumps:
-            t.cancel()
+        self._closed = True
         if self._reserved > 0:  # reserved but never submitted (add_request raised)
             self.state.release(self._reserved)
             self._reserved = 0
