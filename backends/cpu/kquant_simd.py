@@ -203,22 +203,23 @@ def _q4k_scales(builder, bp):
     """(d · scale[0:8], -dmin · min[0:8]) as float32 vectors of 8, from one Q4_K/Q5_K block at bp.
 
     The 12-byte field packs eight 6-bit (scale, min) pairs: pairs 0-3 in the low 6 bits of bytes
-    0-3 / 4-7, pairs 4-7 as nibbles of bytes 8-11 plus the top 2 bits of bytes 0-3 / 4-7."""
-    dd = _ld(builder, bp, 0, _I32)
-    d = _f16(builder, builder.trunc(dd, _I16))
-    dmin = _f16(builder, builder.trunc(builder.lshr(dd, ir.Constant(_I32, 16)), _I16))
-    a0, a1, a2 = (_ld(builder, bp, 4 + 4 * i, _I32) for i in range(3))
-    c = lambda v: ir.Constant(_I32, v)  # noqa: E731
-    sc_lo = builder.and_(a0, c(0x3F3F3F3F))
-    mn_lo = builder.and_(a1, c(0x3F3F3F3F))
-    top0 = builder.shl(builder.and_(builder.lshr(a0, c(6)), c(0x03030303)), c(4))
-    top1 = builder.shl(builder.and_(builder.lshr(a1, c(6)), c(0x03030303)), c(4))
-    sc_hi = builder.or_(builder.and_(a2, c(0x0F0F0F0F)), top0)
-    mn_hi = builder.or_(builder.and_(builder.lshr(a2, c(4)), c(0x0F0F0F0F)), top1)
-    words = ir.Constant(_V4I32, ir.Undefined)
-    for i, wv in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
-        words = builder.insert_element(words, wv, c(i))
-    b16 = builder.bitcast(words, _V16I8)
+    0-3 / 4-7, pairs 4-7 as nibbles of bytes 8-11 plus the top 2 bits of bytes 0-3 / 4-7. The
+    four result words (scales 0-3, 4-7, mins 0-3, 4-7) are unpacked in the lanes of one vector."""
+    c4 = lambda vals: _const(_V4I32, vals)  # noqa: E731
+    v = _ld(builder, bp, 0, _V4I32)  # [d | dmin, a0, a1, a2]
+    p = _shuf(builder, v, (1, 3, 2, 3))  # [a0, a2, a1, a2]
+    q = _shuf(builder, v, (1, 1, 2, 2))  # [a0, a0, a1, a1]: top 2 bits of pairs 4-7
+    lo = builder.and_(builder.lshr(p, c4([0, 0, 0, 4])), c4([0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F]))
+    hi = builder.shl(builder.and_(builder.lshr(q, c4(6)), c4([0, 0x03030303, 0, 0x03030303])), c4(4))
+    b16 = builder.bitcast(builder.or_(lo, hi), _V16I8)
+    dd = builder.extract_element(v, ir.Constant(_I32, 0))
+    if USE_F16C:
+        dm = builder.fpext(builder.bitcast(dd, _v(ir.HalfType(), 2)), _v(_F32, 2))
+        d = builder.extract_element(dm, ir.Constant(_I32, 0))
+        dmin = builder.extract_element(dm, ir.Constant(_I32, 1))
+    else:
+        d = _f16(builder, builder.trunc(dd, _I16))
+        dmin = _f16(builder, builder.trunc(builder.lshr(dd, ir.Constant(_I32, 16)), _I16))
     sc = builder.uitofp(builder.zext(_shuf(builder, b16, range(8)), _V8I32), _V8F)
     mn = builder.uitofp(builder.zext(_shuf(builder, b16, range(8, 16)), _V8I32), _V8F)
     return builder.fmul(sc, _splat(builder, d, _V8F)), builder.fmul(mn, _splat(builder, builder.fneg(dmin), _V8F))
