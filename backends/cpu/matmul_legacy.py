@@ -5,18 +5,19 @@ Every kernel follows backends/cpu/matmul.py's q8_32 contract:
       y float32 [n, m]) -> None
 Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c) with
     Σ_j w_j x_j = xd · (d · Σ_j u_j xq_j + c · xs)
-(c = -offset·d for the symmetric types, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
+(c = -offset·d for the symmetric types and IQ4_NL, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
 int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
 gemv (n small): per row, simd.rows_dot8 decodes each group of 8 raw blocks once for every token,
 transposes it in registers and sums 8 whole blocks per vpdpbusd lane against activations repacked
-once per call (simd.repack_groups8); IQ4_NL (a codebook lookup) decodes each row once and uses
-plain Numba block dots.
+once per call (simd.repack_groups8).
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
 per-block scales and sums), then simd.row_tile_dot_raw8 multiplies each raw weight row by every
 tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no per-token
-horizontal sums. IQ4_NL decodes each row once into unsigned bytes and uses simd.row_tile_dot8.
+horizontal sums. gemm hands batches of n <= RAW_GEMV_MAX_N to gemv, which is faster there.
+
+IQ4_NL's codebook lookup is a vpshufb in the same in-register decoder (simd.LAYOUTS kind 5).
 
 Every kernel adds the per-block float terms in simd's canonical 8-lane order, so a token's output
 is bit-identical whichever kernel its batch size selects (batch invariance).
@@ -26,14 +27,9 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.simd import GROUPS, TOKENS, repack_groups8, row_tile_dot8, row_tile_dot_raw8, rows_dot8
-from edged.quant.f16 import f16_at
+from edged.backends.cpu.simd import GROUPS, TOKENS, repack_groups8, row_tile_dot_raw8, rows_dot8
 
 QK = 32
-
-# IQ4_NL's non-linear 4-bit codebook (llama.cpp kvalues_iq4nl), shifted +128 to unsigned bytes.
-IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int16)
-IQ4NL_U8 = (IQ4NL_VALUES + 128).astype(np.uint8)
 
 
 # kinds for the shared gemm row decoder
@@ -44,14 +40,6 @@ _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
 
 
 ROWS_PER_TASK = 16  # rows per prange step: amortizes the per-step scratch allocation
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _scales(row, bsize, off, d):
-    """d[b] = fp16 at row[b*bsize + off] for every block (decoded apart: the branchy fp16
-    conversion inside the dot loop stops LLVM from vectorizing it)."""
-    for b in range(d.shape[0]):
-        d[b] = f16_at(row, b * bsize + off)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -102,51 +90,10 @@ def gemv_q5_1(w, xq, xd, xs, y):
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def gemv_iq4_nl(w, xq, xd, xs, y):
     """IQ4_NL block: fp16 d, 16 bytes of nibbles indexing a 16-value codebook; w = d·value."""
-    m = w.shape[0]
-    n, k = xq.shape
-    nblk = k // QK
-    lut = IQ4NL_U8
-    for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        d = np.empty(nblk, np.float32)
-        u = np.empty(k, np.uint8)  # [k] codebook values of the row (+128), looked up once
-        lanes = np.empty(8, np.float32)  # canonical 8-lane accumulators (simd.py)
-        for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
-            row = w[r]
-            _scales(row, 18, 0, d)
-            for b in range(nblk):
-                for j in range(16):
-                    v = row[b * 18 + 2 + j]
-                    u[b * QK + j] = lut[v & np.uint8(15)]
-                    u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
-            for t in range(n):
-                lanes[:] = 0.0
-                for b in range(nblk):
-                    xo = b * QK
-                    s = np.int32(0)
-                    for j in range(QK):
-                        s = np.int32(s + np.int32(u[xo + j]) * np.int32(xq[t, xo + j]))
-                    # gemm's term and canonical lane order exactly (c = -128·d): results never depend on n
-                    c = np.float32(-128.0) * d[b]
-                    lanes[b & 7] += xd[t, b] * (d[b] * np.float32(s) + c * np.float32(xs[t, b]))
-                y[t, r] = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+    _gemv_raw(w, xq, xd, xs, y, 5)
 
 
 # ---------------------------------------------------------------- gemm: decoded rows × token tiles
-
-
-@nb.njit(nogil=True, cache=True, fastmath=False, inline="always")
-def _decode_iq4_nl_row(row, u, d, c):
-    """IQ4_NL row -> codebook bytes + 128 u [k], scales d [k/32], biases c = -128·d [k/32]."""
-    nblk = d.shape[0]
-    lut = IQ4NL_U8
-    for b in range(nblk):
-        for j in range(16):
-            v = row[b * 18 + 2 + j]
-            u[b * QK + j] = lut[v & np.uint8(15)]
-            u[b * QK + 16 + j] = lut[v >> np.uint8(4)]
-    _scales(row, 18, 0, d)
-    for b in range(nblk):
-        c[b] = np.float32(-128.0) * d[b]
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
@@ -176,20 +123,13 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
     """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass."""
     m = w.shape[0]
     ntile = xi.shape[0]
-    nblk = xdt.shape[1] // TOKENS
-    k = nblk * QK
     for task in nb.prange((m + GEMM_ROWS_PER_TASK - 1) // GEMM_ROWS_PER_TASK):
-        u = np.empty(k, np.uint8)  # [k] decoded unsigned weights of one row
-        d = np.empty(nblk, np.float32)
-        c = np.empty(nblk, np.float32)
         acc = np.empty(TOKENS, np.float32)  # [16]
         r0 = task * GEMM_ROWS_PER_TASK
         nr = min(m - r0, GEMM_ROWS_PER_TASK)
         yt = np.empty((n_live, GEMM_ROWS_PER_TASK), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
         for i in range(nr):
             row = w[r0 + i]
-            if kind == _IQ4_NL:  # codebook lookup: decode the row once, then the generic tile dot
-                _decode_iq4_nl_row(row, u, d, c)
             for tile in range(ntile):
                 # raw blocks decode in registers (the kind must be a literal for the intrinsic)
                 if kind == _Q8_0:
@@ -203,7 +143,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
                 elif kind == _Q5_1:
                     row_tile_dot_raw8(row, 4, xi[tile], xdt[tile], xst[tile], acc)
                 else:
-                    row_tile_dot8(u, 32, 0, 0, d, c, xi[tile], xdt[tile], xst[tile], acc)
+                    row_tile_dot_raw8(row, 5, xi[tile], xdt[tile], xst[tile], acc)
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):
                     yt[tile * TOKENS + t, i] = acc[t]
         for t in range(n_live):
@@ -230,8 +170,8 @@ def _gemm(kind, w, xq, xd, xs, y):
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y)
 
 
-# Up to this many tokens the raw-block types' gemv beats the 16-token-tile gemm (measured on
-# Zen 4, 640-wide rows: gemv 0.9x gemm at n=16, 0.8x at n=24, 1.15x at n=32), so their gemm hands
+# Up to this many tokens the gemv beats the 16-token-tile gemm (measured on
+# Zen 4, 640-wide rows: gemv 0.9x gemm at n=16, 0.8x at n=24, 1.15x at n=32), so gemm hands
 # such batches to gemv — bit-identical either way. matmul.GEMV_MAX_N stays the global switch.
 RAW_GEMV_MAX_N = 24
 
@@ -278,7 +218,10 @@ def gemm_q5_1(w, xq, xd, xs, y):
 
 @nb.njit(nogil=True, cache=True)
 def gemm_iq4_nl(w, xq, xd, xs, y):
-    _gemm(np.int64(_IQ4_NL), w, xq, xd, xs, y)  # its gemv (a codebook lookup) only wins at n <= 4
+    if xq.shape[0] <= RAW_GEMV_MAX_N:
+        gemv_iq4_nl(w, xq, xd, xs, y)
+    else:
+        _gemm(np.int64(_IQ4_NL), w, xq, xd, xs, y)
 
 
 KERNELS = {

@@ -3,7 +3,7 @@
 rows_dot8 (gemv, any small n): one raw weight row · every token; each group of 8 blocks is decoded
 once, transposed in registers and dotted against activations repacked the same way
 (repack_groups8), so one vpdpbusd per 4-byte group sums 8 whole blocks into 8 int32 lanes — no
-horizontal sum per block or per token. row_tile_dot8 / row_tile_dot_raw8 (gemm): one weight row ·
+horizontal sum per block or per token. row_tile_dot_raw8 (gemm): one weight row ·
 a 16-token tile whose int8 activations are "4-interleaved" ([8 groups][16 tokens][4 bytes]) per
 block, giving 16 token lanes. Both add the per-block float terms in one canonical 8-lane order (see
 "canonical 8-lane float order" below), so a token's output is bit-identical in gemv and gemm.
@@ -87,14 +87,16 @@ def _f32_ptr(context, builder, arrty, arr):
 
 # ---------------------------------------------------------------- raw block decoding
 
-# raw block layouts decoded in registers: (block bytes, quants offset, qh offset or -1, min offset or -1,
-# nibbles?, bias offset for the symmetric types)
+# raw block layouts decoded in registers: (block bytes, quants offset, qh offset or -1, min offset or
+# -1, nibbles?, bias offset for the symmetric types, 16-entry unsigned codebook or None)
+IQ4NL_U8 = tuple(v + 128 for v in (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113))
 LAYOUTS = {
-    0: (34, 2, -1, -1, False, -128.0),  # Q8_0: int8 q, read as q ^ 0x80
-    1: (18, 2, -1, -1, True, -8.0),  # Q4_0
-    2: (20, 4, -1, 2, True, 0.0),  # Q4_1: + min
-    3: (22, 6, 2, -1, True, -16.0),  # Q5_0
-    4: (24, 8, 4, 2, True, 0.0),  # Q5_1: + min
+    0: (34, 2, -1, -1, False, -128.0, None),  # Q8_0: int8 q, read as q ^ 0x80
+    1: (18, 2, -1, -1, True, -8.0, None),  # Q4_0
+    2: (20, 4, -1, 2, True, 0.0, None),  # Q4_1: + min
+    3: (22, 6, 2, -1, True, -16.0, None),  # Q5_0
+    4: (24, 8, 4, 2, True, 0.0, None),  # Q5_1: + min
+    5: (18, 2, -1, -1, True, -128.0, IQ4NL_U8),  # IQ4_NL: nibbles index llama.cpp's kvalues_iq4nl (+128)
 }
 
 
@@ -106,7 +108,7 @@ def _splat(builder, val, vty):
 
 def _block_u8(builder, blk, layout):
     """<32 x i8> unsigned weight bytes of one raw block at i8* blk."""
-    size, qoff, hoff, moff, nib, _ = layout
+    size, qoff, hoff, moff, nib, _, book = layout
     v32i8 = ir.VectorType(_I8, 32)
     if not nib:
         q = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, qoff)]), v32i8.as_pointer()), align=1)
@@ -122,6 +124,16 @@ def _block_u8(builder, blk, layout):
         hb = builder.shuffle_vector(qh, ir.Constant(v4i8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
         hit = builder.icmp_unsigned("!=", builder.and_(hb, ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])), ir.Constant(v32i8, [0] * 32))
         u = builder.or_(u, builder.select(hit, ir.Constant(v32i8, [16] * 32), ir.Constant(v32i8, [0] * 32)))
+    if book is not None:  # codebook lookup: vpshufb on x86 AVX-512 hosts, a select chain elsewhere
+        if USE_VNNI:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32i8, [v32i8, v32i8]), "llvm.x86.avx2.pshuf.b")
+            u = builder.call(fn, [ir.Constant(v32i8, list(book) * 2), u])
+        else:
+            out = ir.Constant(v32i8, [book[0]] * 32)
+            for i in range(1, 16):
+                hit = builder.icmp_unsigned("==", u, ir.Constant(v32i8, [i] * 32))
+                out = builder.select(hit, ir.Constant(v32i8, [book[i]] * 32), out)
+            u = out
     return u
 
 
@@ -144,7 +156,7 @@ def _dot32(builder, u, x):
 # ---------------------------------------------------------------- canonical 8-lane float order
 #
 # Batch invariance needs gemv and gemm to add a row's per-block float terms in one fixed order.
-# The order shared by rows_dot8 (gemv) and row_tile_dot8 / row_tile_dot_raw8 (gemm):
+# The order shared by rows_dot8 (gemv) and row_tile_dot_raw8 (gemm):
 #   lane j (0..7) = 0.0 + T_j + T_{j+8} + T_{j+16} + ... (blocks b ≡ j mod 8, increasing b),
 #   result        = ((L0 + L4) + (L2 + L6)) + ((L1 + L5) + (L3 + L7)),
 # with T_b = xd_b · (d_b · s_b + c_b · xs_b). gemv then holds 8 blocks in the 8 lanes of one
@@ -211,49 +223,6 @@ def _tile_block_int(builder, words_ptr, xb, mask=None):
     return _generic_block(builder, words_ptr, xb, mask)
 
 
-@intrinsic
-def _row_tile_dot8(typingctx, u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
-    """_row_tile_dot with the canonical 8-lane float order (see simd's canonical order)."""
-    f32a = lambda a: isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1  # noqa: E731
-    ok = (
-        isinstance(u, types.Array) and u.dtype == types.uint8 and u.ndim == 1
-        and isinstance(xi, types.Array) and xi.dtype == types.int8 and xi.ndim == 1
-        and f32a(d) and f32a(c) and f32a(xdt) and f32a(xst) and f32a(out)
-        and all(isinstance(a, types.Integer) for a in (ustride, uoff, umask))
-    )
-    if not ok:
-        return None
-    sig = types.void(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
-
-    def codegen(context, builder, signature, args):
-        ua, us, uo, um, da, ca, xa, xda, xsa, oa = args
-        sa = signature.args
-        us = context.cast(builder, us, sa[1], types.intp)
-        uo = context.cast(builder, uo, sa[2], types.intp)
-        mask = builder.trunc(context.cast(builder, um, sa[3], types.int64), _I32)
-        nblk = builder.extract_value(context.make_array(sa[4])(context, builder, da).shape, 0)
-        up = _byte_ptr(context, builder, sa[0], ua, uo)
-        xp = _byte_ptr(context, builder, sa[6], xa, ir.Constant(ir.IntType(64), 0))
-        dp, cp = _f32_ptr(context, builder, sa[4], da), _f32_ptr(context, builder, sa[5], ca)
-        xdp, xsp = _f32_ptr(context, builder, sa[7], xda), _f32_ptr(context, builder, sa[8], xsa)
-
-        def term(b):
-            s = _tile_block_int(builder, builder.gep(up, [builder.mul(b, us)]), builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))]), mask)
-            return _tile_term(builder, s, builder.load(builder.gep(dp, [b])), builder.load(builder.gep(cp, [b])), xdp, xsp, b)
-
-        tot = _tile_sum8(builder, nblk, term)
-        builder.store(tot, builder.bitcast(_f32_ptr(context, builder, sa[9], oa), tot.type.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def row_tile_dot8(u, ustride, uoff, umask, d, c, xi, xdt, xst, out):
-    """row_tile_dot (same arguments) in the canonical 8-lane float order shared with rows_dot8."""
-    _row_tile_dot8(u, ustride, uoff, umask, d, c, xi, xdt, xst, out)
-
-
 def _f16_at(builder, blk, off):
     p = builder.bitcast(builder.gep(blk, [ir.Constant(_I32, off)]), ir.HalfType().as_pointer())
     return builder.fpext(builder.load(p, align=1), ir.FloatType())
@@ -261,7 +230,7 @@ def _f16_at(builder, blk, off):
 
 def _block_scale_bias(builder, blk, layout):
     """(d, c) floats of one raw block: c = fp16 min, or d · (fixed offset) for symmetric types."""
-    _, _, _, moff, _, cfix = layout
+    _, _, _, moff, _, cfix, _ = layout
     d = _f16_at(builder, blk, 0)
     c = _f16_at(builder, blk, moff) if moff >= 0 else builder.fmul(d, ir.Constant(ir.FloatType(), cfix))
     return d, c
@@ -375,7 +344,7 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
         v8f = ir.VectorType(f32, 8)
         v8i32 = ir.VectorType(_I32, 8)
         v8h = ir.VectorType(ir.HalfType(), 8)
-        size, _, _, moff, _, cfix = layout
+        size, _, _, moff, _, cfix, _ = layout
         xtarr = context.make_array(at[2])(context, builder, xta)
         xts = builder.extract_value(xtarr.shape, 1)
         xarr = context.make_array(at[3])(context, builder, xa)

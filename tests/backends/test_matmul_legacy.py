@@ -137,7 +137,7 @@ def test_exact_on_integer_activations():
 
 @pytest.mark.skipif(not simd.USE_VNNI, reason="host has no AVX-512 VNNI")
 @pytest.mark.skipif(not nb.config.SLP_VECTORIZE, reason="numba was imported before edged set SLP")
-@pytest.mark.parametrize("name", ["gemv_q8_0", "gemv_q4_0", "gemv_q5_0"])
+@pytest.mark.parametrize("name", ["gemv_q8_0", "gemv_q4_0", "gemv_q5_0", "gemv_iq4_nl"])
 def test_gemv_emits_vnni(name):
     """The block dot must compile to vpdpbusd (5-6x faster); checked on a serial, uncached copy
     because a parallel kernel's loop body lives in a separate gufunc that inspect_asm omits."""
@@ -146,46 +146,6 @@ def test_gemv_emits_vnni(name):
     qx = quantize_activations(activations(1, 64, 0))
     f(w.rows(), *qx, np.zeros((1, 2), np.float32))
     assert "vpdpbusd" in f.inspect_asm(f.signatures[0])
-
-
-def _row_tile_reference(u, stride, off, mask, d, c, xi, xdt, xst):
-    nblk = d.shape[0]
-    mbytes = np.frombuffer(np.uint32(mask).tobytes(), np.uint8)
-    out = np.zeros(16, np.float64)
-    for b in range(nblk):
-        wb = (u[b * stride + off : b * stride + off + 32].reshape(8, 4) ^ mbytes).astype(np.int64)  # [8, 4]
-        xb = xi[b * 512 : (b + 1) * 512].reshape(8, 16, 4).astype(np.int64)  # [8 groups, 16 tokens, 4]
-        s = (wb[:, None, :] * xb).sum(axis=(0, 2))  # [16]
-        out += xdt[b * 16 : (b + 1) * 16] * (d[b] * s + c[b] * xst[b * 16 : (b + 1) * 16])
-    return out
-
-
-@pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
-def test_row_tile_dot_both_paths(use_vnni):
-    """row_tile_dot8 on raw Q8_0-like rows (stride 34, xor 0x80) on the chosen codegen path."""
-    rng = np.random.default_rng(3)
-    nblk = 11  # one 8-block group and a partial one
-    u = rng.integers(0, 256, nblk * 34).astype(np.uint8)
-    d = rng.standard_normal(nblk).astype(np.float32)
-    c = rng.standard_normal(nblk).astype(np.float32)
-    xi = rng.integers(-128, 128, nblk * 512).astype(np.int8)
-    xdt = rng.random(nblk * 16).astype(np.float32)
-    xst = rng.integers(-500, 500, nblk * 16).astype(np.float32)
-    saved = simd.USE_VNNI
-    try:
-        simd.USE_VNNI = use_vnni
-
-        @nb.njit(cache=False)
-        def run(u, d, c, xi, xdt, xst, out):
-            simd._row_tile_dot8(u, 34, 2, 0x80808080, d, c, xi, xdt, xst, out)
-
-        out = np.zeros(16, np.float32)
-        run(u, d, c, xi, xdt, xst, out)
-    finally:
-        simd.USE_VNNI = saved
-    ref = _row_tile_reference(u, 34, 2, 0x80808080, d, c, xi, xdt, xst)
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-3)
-    assert ("vpdpbusd" in run.inspect_asm(run.signatures[0])) == use_vnni
 
 
 def _gemv_portable_and_vnni(w, qx, kind, use_vnni):
@@ -239,7 +199,7 @@ def _gemm_portable_and_vnni(w, qx, kind, use_vnni):
     return y
 
 
-KIND = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4}
+KIND = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4, T.IQ4_NL: 5}
 
 
 @pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
