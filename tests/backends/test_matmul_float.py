@@ -95,7 +95,7 @@ def test_canonical_order_exact(qtype):
 def _tile_all(w, x, y):
     for r0 in range(0, w.shape[0], 4):
         for t0 in range(0, x.shape[0], 4):
-            tile_dot(F16, 4, 4, w, x, y, r0, t0)
+            tile_dot(F16, 4, 4, w, x, y, r0, t0, -1)
 
 
 @pytest.mark.parametrize("use_f16c", [False, True] if matmul_float.USE_F16C else [False])
