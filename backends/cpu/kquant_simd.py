@@ -27,6 +27,7 @@ time from `USE_VNNI`, which tests flip to exercise it) the dot is portable vecto
 
 import llvmlite.binding as llvm
 import numba as nb
+import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -286,6 +287,44 @@ def _iq4xs_scales(builder, bp):
     return s8, builder.fmul(s8, _splat(builder, ir.Constant(_F32, -128.0), _V8F))
 
 
+# gemv layout of the per-32 types: superblock chunk j = 2h + e (64 bytes) holds elements
+# 16e .. 16e+15 of blocks 4h .. 4h+3, 16 bytes per block, so two vpdpbusd accumulate four blocks in
+# disjoint lanes and one halving less sums them (activations permuted alike: interleave_blocks).
+_IL_SHIFT = ([0] * 8 + [4] * 8) * 2  # per 16-bit lane: low nibbles in 128-bit lanes 0, 2; high in 1, 3
+
+
+def _q4k_il(builder, bp, j, q5):
+    """Chunk j = 2h + e of one Q4_K (Q5_K: q5) superblock in the gemv layout. Blocks 4h, 4h+1 are
+    the low / high nibbles of qs[64h : 64h+32], blocks 4h+2, 4h+3 those of qs[64h+32 : 64h+64];
+    Q5_K adds bit b of qh[l] as the fifth bit of element l of block b."""
+    h, e = divmod(j, 2)
+    v = _ld(builder, bp, (48 if q5 else 16) + 64 * h, _V64I8)
+    v = _shuf(builder, v, [16 * lane + i for lane in (e, e, 2 + e, 2 + e) for i in range(16)])
+    v = builder.and_(_lshr8(builder, v, _IL_SHIFT), _const(_V64I8, 0x0F))
+    if q5:
+        qh = _shuf(builder, _ld(builder, bp, 16 + 16 * e, _V16I8), list(range(16)) * 4)
+        qh = _lshr8(builder, qh, [4 * h + i for i in range(4) for _ in range(8)])
+        v = builder.or_(v, _shl8(builder, builder.and_(qh, _const(_V64I8, 0x01)), [4] * 32))
+    return v
+
+
+def _q4k_quants_il(builder, bp, j):
+    return _q4k_il(builder, bp, j, False)
+
+
+def _q5k_quants_il(builder, bp, j):
+    return _q4k_il(builder, bp, j, True)
+
+
+def _iq4xs_quants_il(builder, bp, j):
+    """Chunk j = 2h + e of one IQ4_XS superblock in the gemv layout: block b is qs[16b : 16b+16],
+    low nibbles elements 0-15, high nibbles 16-31."""
+    h, e = divmod(j, 2)
+    v = _ld(builder, bp, 8 + 64 * h, _V64I8)
+    nib = builder.and_(_lshr8(builder, v, [4 * e] * 32), _const(_V64I8, 0x0F))
+    return _lut16(builder, nib)
+
+
 def _make_k32_decode_row(bbytes, quants, scales):
     """Row-decode intrinsic of a per-32 type (see _make_k32_row_dot) into (u, s, c)."""
 
@@ -501,7 +540,8 @@ def _tree8x2(builder, w):
 
 def _make_rows_dot(family, bbytes, quants, scales, nt):
     """gemv intrinsic: two rows × nt tokens. Each superblock of the two rows is unpacked once
-    (quants(builder, bp, j): unsigned weights of 64-element chunk j of the block at i8* bp;
+    (quants(builder, bp, j): unsigned weights of 64-element chunk j of the block at i8* bp, for
+    "s32" in the gemv layout (_q4k_il);
     scales(builder, bp): per-32 ([8]) or per-16 ([16]) float32 (s, c) with w_e = s · u_e + c)
     and multiplied with every token's int8 activations; the float work of the two rows shares
     16-lane vectors (row 0 in lanes 0-7, row 1 in 8-15 after the per-block stage), lane by lane
@@ -545,8 +585,14 @@ def _make_rows_dot(family, bbytes, quants, scales, nt):
                     xav, xbv = _ld(builder, xaps[t], fo, vf), _ld(builder, xbps[t], fo, vf)
                     g = []
                     for sc, cc, qv in rows:
-                        d = [_dpbusd(builder, ir.Constant(_V16I32, None), qv[j], xv[j]) for j in range(4)]
-                        g.append(_group_sums(builder, d, 2))  # [16] exact sums of 4 lanes
+                        if family == "s32":  # gemv layout: lanes 4i .. 4i+3 of chain h hold block 4h + i
+                            z = ir.Constant(_V16I32, None)
+                            a = [_dpbusd(builder, _dpbusd(builder, z, qv[2 * h], xv[2 * h]), qv[2 * h + 1], xv[2 * h + 1])
+                                 for h in range(2)]
+                            g.append(_halve(builder, a[0], a[1]))  # [16] exact sums: 2 lanes per block
+                        else:
+                            d = [_dpbusd(builder, ir.Constant(_V16I32, None), qv[j], xv[j]) for j in range(4)]
+                            g.append(_group_sums(builder, d, 2))  # [16] exact sums of 4 lanes
                     if family == "s16i":
                         # tile_dot_s16_ib's block term, op for op: xd·(float(lo - B·X_lo)·s_lo + float(hi - B·X_hi)·s_hi)
                         xbi = builder.bitcast(xbv, _V16I32)
@@ -585,8 +631,8 @@ def _make_rows_dot(family, bbytes, quants, scales, nt):
     return _rows_dot
 
 
-_TYPES_K32 = {KIND_Q4K: (Q4K_BYTES, _q4k_quants, _q4k_scales), KIND_Q5K: (Q5K_BYTES, _q5k_quants, _q4k_scales),
-              KIND_IQ4XS: (IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scales)}
+_TYPES_K32 = {KIND_Q4K: (Q4K_BYTES, _q4k_quants_il, _q4k_scales), KIND_Q5K: (Q5K_BYTES, _q5k_quants_il, _q4k_scales),
+              KIND_IQ4XS: (IQ4XS_BYTES, _iq4xs_quants_il, _iq4xs_scales)}
 _TYPES_K16 = {KIND_Q6K: (Q6K_BYTES, _q6k_quants, _q6k_scales), KIND_Q3K: (Q3K_BYTES, _q3k_quants, _q3k_scales),
               KIND_Q2K: (Q2K_BYTES, _q2k_quants, _q2k_scales)}
 # _DOT[kind][nt]: rows-dot intrinsic for 1, 2 or 4 tokens
@@ -604,7 +650,8 @@ _q2k_dot1, _q2k_dot2, _q2k_dot4 = (_DOT[KIND_Q2K][t] for t in (1, 2, 4))
 @nb.njit(cache=True, nogil=True, inline="always")
 def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride):
     """Dots of two rows of type `kind` (nsb superblocks at bytes woff0 / woff1 of w; may be the same
-    row) with nt (1, 2 or 4) tokens' int8 activations (token t at element xoff + t·xstride of x),
+    row) with nt (1, 2 or 4) tokens' int8 activations (token t at element xoff + t·xstride of x;
+    per-32 types: permuted by interleave_blocks),
     written to out's flat elements o0 + t·ostride / o1 + t·ostride. xa / xb float32 hold token t's
     activation terms from element doff + t·dstride on: per-32 types the block scales and scale ×
     block sums [k/32]; per-16 types (Q6_K, Q3_K, Q2_K) per 16-half the block scale and scale ×
@@ -827,3 +874,24 @@ def tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi,
         else:
             _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                               nblk, out, ooff)
+
+
+@nb.njit(cache=True, nogil=True)
+def interleave_blocks(xq):
+    """int8 [n, k] activations -> [n, k] in the per-32 types' gemv layout: per superblock, chunk
+    j = 2h + e holds elements 16e .. 16e+15 of 32-blocks 4h .. 4h+3 (16-byte pieces moved)."""
+    n, k = xq.shape
+    out = np.empty((n, k), np.int8)  # [n, k]
+    src = xq.view(np.int64)  # [n, k/8]: a 16-byte piece is two int64
+    dst = out.view(np.int64)
+    for t in range(n):
+        for sb in range(k // 256):
+            base = sb * 32
+            for h in range(2):
+                for e in range(2):
+                    for i in range(4):
+                        o = base + 2 * (8 * h + 4 * e + i)
+                        p = base + 2 * (8 * h + 2 * i + e)
+                        dst[t, o] = src[t, p]
+                        dst[t, o + 1] = src[t, p + 1]
+    return out

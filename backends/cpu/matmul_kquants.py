@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as T
 from edged.backends.cpu.kquant_simd import (
     GEMV_TOKENS, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, TILE_ROWS, TOKENS,
     iq4xs_decode_row, q2k_decode_row, q3k_decode_row, q4k_decode_row, q5k_decode_row, q6k_decode_row,
-    rows_dot, tile_dot,
+    interleave_blocks, rows_dot, tile_dot,
 )
 
 QK_K = 256  # elements per superblock
@@ -97,8 +97,10 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
     n, k = xq.shape
     if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
         xa, xb = _half_terms(xq, xd, xs, _int_bias(kind))  # [n, k/16] each
+        x = xq
     else:
         xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
+        x = interleave_blocks(xq)  # [n, k] in the rows dot's block layout
     nf = xa.shape[1]
     nsb = k // QK_K
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
@@ -107,7 +109,7 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
             t = 0
             while t < n:
                 nt = GEMV_TOKENS if n - t >= GEMV_TOKENS else (2 if n - t >= 2 else 1)
-                rows_dot(kind, nt, w, r * rb, r1 * rb, xq, t * k, k, xa, xb, t * nf, nf, nsb, y, t * m + r, t * m + r1, m)
+                rows_dot(kind, nt, w, r * rb, r1 * rb, x, t * k, k, xa, xb, t * nf, nf, nsb, y, t * m + r, t * m + r1, m)
                 t += nt
 
 
