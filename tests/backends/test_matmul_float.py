@@ -63,6 +63,21 @@ def test_token_rows_identical_for_every_batch_size(qtype):
     np.testing.assert_array_equal(y[::-1], alone)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_token_blocks_and_prefetched_strips_identical(qtype):
+    """gemm's outer structure: 16-row tasks (strips prefetching the next), k large enough for
+    6-token blocks (13 tokens: blocks 6, 6, 1) — still each token's row as computed alone."""
+    m, k = 72, 12288
+    assert matmul_float.X_BLOCK_BYTES // (4 * k) < 6  # one 6-token tile per block
+    w = random_qtensor(qtype, m, k, seed=9)
+    x = _x(13, k, 10)
+    y = mm.matmul(w, x)
+    for t in range(x.shape[0]):
+        np.testing.assert_array_equal(y[t], mm.matmul(w, x[t : t + 1])[0], err_msg=f"token {t}")
+    ref = x.astype(np.float64) @ reference_dequantize(w).astype(np.float64).T
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) <= REL_BOUND[qtype]
+
+
 def _canonical(wf, x):
     """y [n, m] in the canonical order of matmul_float (16 FMA lanes over k, zero-padded last
     slice, fixed tree); FMA emulated in float64, exact here (products of float32 are exact)."""
