@@ -32,6 +32,10 @@ from edged.backends.cpu.simd import GROUPS, TOKENS, repack_groups8, row_tile_dot
 QK = 32
 
 
+# Numba's on-disk cache keys on this file's text only, not on simd.py's intrinsics that these
+# kernels inline: bump this whenever simd.py's codegen changes, or stale machine code is loaded.
+SIMD_REVISION = 2
+
 # kinds for the shared gemm row decoder
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
 

@@ -353,6 +353,10 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
         yarr = context.make_array(at[7])(context, builder, ya)
         m = builder.extract_value(yarr.shape, 1)
         rp = _byte_ptr(context, builder, at[0], ra, ir.Constant(i64, 0))
+        rowbytes = builder.extract_value(context.make_array(at[0])(context, builder, ra).shape, 0)
+        # an all-true mask LLVM cannot prove all-true (the length's sign bit is 0): keeps masked loads unmerged
+        sign = builder.trunc(builder.lshr(rowbytes, ir.Constant(i64, 63)), ir.IntType(16))
+        all_live = builder.icmp_unsigned("==", _splat(builder, sign, ir.VectorType(ir.IntType(16), 32)), ir.Constant(ir.VectorType(ir.IntType(16), 32), None))
         xtp = builder.bitcast(xtarr.data, _I8.as_pointer())
         xdp = _f32_ptr(context, builder, at[4], xda)
         xsp = builder.bitcast(context.make_array(at[5])(context, builder, xsa).data, _I32.as_pointer())
@@ -365,6 +369,8 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
         i1 = ir.IntType(1)
         v8i1 = ir.VectorType(i1, 8)
         mload_f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _I32, v8i1, v8f]), "llvm.masked.load.v8f32.p0v8f32")
+        v32w_ = ir.VectorType(ir.IntType(16), 32)
+        mload_w = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32w_, [v32w_.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 32), v32w_]), "llvm.masked.load.v32i16.p0v32i16")
         mload_i = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v8i32.as_pointer(), _I32, v8i1, v8i32]), "llvm.masked.load.v8i32.p0v8i32")
 
         def half_at(blk, off):
@@ -387,15 +393,49 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
             # 8 blocks decoded once for every token, transposed so that vector g holds group g
             # of each block: one vpdpbusd per group then sums whole blocks into lanes
             w = _transpose8x8(builder, [builder.bitcast(_block_u8(builder, blk, layout), v8i32) for blk in blks])
-            dh = ir.Constant(v8h, ir.Undefined)
-            for j in range(8):
-                dh = builder.insert_element(dh, half_at(blks[j], 0), ir.Constant(_I32, j))
-            dv = builder.fpext(dh, v8f)
+            if nvalid is None and USE_VNNI:
+                # the 8 blocks' bytes as 512-bit vectors of 16-bit words, fp16 fields picked by
+                # two-source shuffles (vpermt2w) instead of 8 inserts each. Masked loads (the last
+                # one to the group's 4·size words): plain ones get merged by LLVM with the quant
+                # loads, which it then extracts from these vectors word by word.
+                v32w = ir.VectorType(ir.IntType(16), 32)
+                nwords = 4 * size
+                i16 = ir.IntType(16)
+                nvec = (nwords + 31) // 32
+                left = builder.sub(rowbytes, builder.mul(b0, ir.Constant(i64, size)))  # bytes to the row's end
+                left = builder.select(builder.icmp_unsigned("<", left, ir.Constant(i64, 2 * nwords)), left, ir.Constant(i64, 2 * nwords))
+                lim = builder.trunc(builder.sub(builder.udiv(left, ir.Constant(i64, 2)), ir.Constant(i64, 32 * (nvec - 1))), i16)
+                lanes32 = ir.Constant(v32w, list(range(32)))
+                wvecs = []
+                for i in range(nvec):
+                    ptr = builder.bitcast(builder.gep(blks[0], [ir.Constant(_I32, 64 * i)]), v32w.as_pointer())
+                    live = all_live if i < nvec - 1 else builder.icmp_signed("<", lanes32, _splat(builder, lim, v32w))
+                    wvecs.append(builder.call(mload_w, [ptr, ir.Constant(_I32, 1), live, ir.Constant(v32w, None)]))
+                if len(wvecs) % 2:
+                    wvecs.append(ir.Constant(v32w, None))
+
+                def halves(off):
+                    pos = [(size * j + off) // 2 for j in range(8)]
+                    out = None
+                    for q in range(len(wvecs) // 2):  # words 64q .. 64q+63
+                        mine = [p - 64 * q if 64 * q <= p < 64 * (q + 1) else 0 for p in pos]
+                        part = builder.shuffle_vector(wvecs[2 * q], wvecs[2 * q + 1], ir.Constant(ir.VectorType(_I32, 8), mine))
+                        if out is None:
+                            out = part
+                        elif any(64 * q <= p < 64 * (q + 1) for p in pos):
+                            take = [8 + j if 64 * q <= pos[j] < 64 * (q + 1) else j for j in range(8)]
+                            out = builder.shuffle_vector(out, part, ir.Constant(ir.VectorType(_I32, 8), take))
+                    return builder.bitcast(out, v8h)
+            else:  # clamped block pointers: one fp16 load each
+
+                def halves(off):
+                    h = ir.Constant(v8h, ir.Undefined)
+                    for j in range(8):
+                        h = builder.insert_element(h, half_at(blks[j], off), ir.Constant(_I32, j))
+                    return h
+            dv = builder.fpext(halves(0), v8f)
             if moff >= 0:
-                ch = ir.Constant(v8h, ir.Undefined)
-                for j in range(8):
-                    ch = builder.insert_element(ch, half_at(blks[j], moff), ir.Constant(_I32, j))
-                cv = builder.fpext(ch, v8f)
+                cv = builder.fpext(halves(moff), v8f)
             else:
                 cv = builder.fmul(dv, ir.Constant(v8f, [cfix] * 8))
             if nvalid is not None:
