@@ -89,6 +89,15 @@ def _half_terms(xq, xd, xs, ib):
     return xd16, xs16
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _dup_last(a):
+    """[n, c] -> [n + 1, c] with the last row repeated."""
+    out = np.empty((a.shape[0] + 1, a.shape[1]), a.dtype)
+    out[:-1] = a
+    out[-1] = a[-1]
+    return out
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_kquant(w, xq, xd, xs, y, kind):
     """y[n, m] = x @ W.T for every type (`kind`, a KIND_* constant, picks the row unpacker), meant
@@ -101,16 +110,23 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
     else:
         xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
         x = interleave_blocks(xq)  # [n, k] in the rows dot's block layout
+    yo = y
+    if n % GEMV_TOKENS == 3:  # a last group of 3 runs as 4 (its third token twice): cheaper than 2 + 1
+        x, xa, xb = _dup_last(x), _dup_last(xa), _dup_last(xb)
+        yo = np.empty((n + 1, m), np.float32)  # [n + 1, m]
+    nx = x.shape[0]
     nf = xa.shape[1]
     nsb = k // QK_K
     for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             t = 0
-            while t < n:
-                nt = GEMV_TOKENS if n - t >= GEMV_TOKENS else (2 if n - t >= 2 else 1)
-                rows_dot(kind, nt, w, r * rb, r1 * rb, x, t * k, k, xa, xb, t * nf, nf, nsb, y, t * m + r, t * m + r1, m)
+            while t < nx:
+                nt = GEMV_TOKENS if nx - t >= GEMV_TOKENS else (2 if nx - t >= 2 else 1)
+                rows_dot(kind, nt, w, r * rb, r1 * rb, x, t * k, k, xa, xb, t * nf, nf, nsb, yo, t * m + r, t * m + r1, m)
                 t += nt
+    if nx != n:
+        y[:, :] = yo[:n]
 
 
 # ------------------------------------------------------------------------------- gemm
