@@ -3,26 +3,35 @@
 LLVM does not find a good schedule for K-quant superblocks on its own (nibble unpacking, per-32
 scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte vectors:
 
-- gemv (one token): `<type>_row_dot2` compute two rows' dots
-  with one token's int8 activations. Weight quants are unpacked in registers (never stored) and multiplied
-  as unsigned bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the int32
-  lanes are summed exactly into per-block dots, then scaled and summed in the canonical order.
-- gemm (16-token tiles): `<type>_decode_row` unpack one row once into unsigned
-  bytes u [k] and float scales / biases; `tile_dot_*` multiply TILE_ROWS such rows by a 16-token
-  tile of 4-interleaved activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight
-  words, 16 tokens in the lanes of one vector, no horizontal sums; each activation vector load
-  serves all TILE_ROWS rows (one load per vpdpbusd made the loop load-bound).
+- gemv (small n): `rows_dot` computes two rows × 1, 2 or 4 tokens. Each superblock of the two
+  rows is unpacked once in registers (never stored) and multiplied, for every token, as unsigned
+  bytes by the signed activation bytes with one `vpdpbusd` per 64 elements; the int32 lanes are
+  summed exactly into per-block (per-16 for Q6_K/Q3_K/Q2_K) dots, and the two rows' float work
+  shares 16-lane vectors. Per-32 types use a gemv layout of 4 blocks per vector (_q4k_il; the
+  activations permuted alike by `interleave_blocks`), so two vpdpbusd accumulate 4 blocks.
+- gemm (16- or 8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k]
+  and float scales / biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of 4-interleaved
+  activations ([k/32][8 groups][tokens][4 bytes]) with broadcast weight words, tokens in the
+  lanes of one zmm (16) or ymm (8: same cost per token on hosts that split 512-bit ops), no
+  horizontal sums; each activation vector load serves all TILE_ROWS rows.
+Measured on the 2-core Zen 4 host: vpdpbusd peaks at 1 zmm per cycle (~230 GMAC/s a core) and each
+zmm float multiply takes a vpdpbusd slot, so the tile's cost is vpdpbusd + multiplies per block.
 
 Batch invariance: a token's output must not depend on the kernel its batch size picks, so gemv
 and gemm compute the same float operations in the same order per (row, token): the block term
-w_b = float(S_b) · (xd_b · s_b) + Σ c · (xd · Σx) with plain multiplies and adds (no FMA, which
-Numba's scalar code could not match), a pairwise tree over each superblock's 8 terms
+(plain multiplies and adds, no FMA)
+  per-32 types   w_b = float(S_b) · (xd_b · s_b) + c_b · (xd_b · X_b)
+  Q6_K, Q3_K     w_b = xd_b · (float(lo - B·X_lo) · s_lo + float(hi - B·X_hi) · s_hi)   (c = -B·s)
+  Q2_K           w_b = (float(lo) · (xd_b · s_lo) + float(hi) · (xd_b · s_hi)) + (c_lo · xd_b·X_lo + c_hi · xd_b·X_hi)
+(S, lo, hi exact int32 dots, X activation sums), a pairwise tree over each superblock's 8 terms
 ((w0+w1)+(w2+w3))+((w4+w5)+(w6+w7)), and superblock sums added in sequence from 0.
 
 All byte offsets are element offsets into C-contiguous arrays; nothing is bounds-checked (the
 kernels in matmul_kquants.py own the shapes). On hosts without AVX-512 VNNI (decided at compile
 time from `USE_VNNI`, which tests flip to exercise it) the dot is portable vector IR
 (zext × sext, sums of 4 lanes) that LLVM lowers for any target.
+Numba's on-disk cache keys on the caller's file only: after editing this module, touch
+matmul_kquants.py (or clear the cache) or its kernels keep the old code.
 """
 
 import llvmlite.binding as llvm

@@ -7,14 +7,17 @@ Weights become unsigned bytes u with per-32 (or per-16) float scales s and biase
 w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
-- gemv (n small): kquant_simd's two-row dots (quants unpacked in registers, exact int32 block
-  sums), one call per pair of rows and token.
-- gemm (n > 1): rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot_* per
-  4 rows × 16-token tile of 4-interleaved activations. One compiled gemm serves every type.
-Per-32-scale types (Q4_K, Q5_K, IQ4_XS) and per-16 ones (Q2_K, Q3_K, Q6_K) differ only in the
-kquant_simd decoders; Q4_K / Q6_K carry the default model's layers.
+- gemv (n <= GEMV_MAX_N): kquant_simd.rows_dot per pair of rows and group of up to 4 tokens:
+  each superblock is unpacked once in registers for all the group's tokens (n = 2 / 4 cost ~1.4x /
+  ~2x n = 1 on Q4_K, not 2x / 4x).
+- gemm (larger n): rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot per
+  4 rows × 16-token tile (8-token tiles when a pass has at most 8 tokens).
+Both are one compiled kernel for every type (a run-time `kind` picks the unpacker), wrapped per
+type by TypedKernel. Q4_K / Q6_K carry the default model's layers.
 Every type's gemv and gemm compute the same float operations in the same order per (row, token)
 (see kquant_simd), so a token's output never depends on its batch (batch invariance).
+The activation format is the contract's q8_32 (per-32 scales); a per-256 (Q8_K) format would
+change _block_sums / _half_terms / _prepare_tiles and the block terms in kquant_simd.
 """
 
 import numba as nb
@@ -249,9 +252,9 @@ def _gemm(kind, w, xq, xd, xs, y):
 
 @nb.njit(cache=True, nogil=True)
 def gemm_kquant(w, xq, xd, xs, y, kind):
-    """y[n, m] = x @ W.T tiled over 16 tokens (for n > 1), for every type: `kind` (_KIND_*) picks
-    the row decoder. One compiled kernel for all types: Numba re-optimizes a callee into each
-    caller, so per-type njit wrappers would cost ~10 s of compile each."""
+    """y[n, m] = x @ W.T tiled over 16 (or 8) tokens, for every type: `kind` (KIND_*) picks the
+    row decoder. One compiled kernel for all types: Numba re-optimizes a callee into each caller,
+    so per-type njit wrappers would cost ~10 s of compile each."""
     _gemm(kind, w, xq, xd, xs, y)
 
 
