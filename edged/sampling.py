@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from edged.sampling_kernels import draw_softmax, softmax_denominator
+
 __all__ = ["SamplingParams", "TokenLogprobs", "Sampler", "sample", "make_rng", "MAX_LOGPROBS"]
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
@@ -240,7 +242,7 @@ def _top_p_full(row: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     whole row: sort the best m tokens, and grow m only if they fall short."""
     v = row.shape[0]
     mx = float(row.max())
-    total = float(np.exp(row - np.float32(mx)).sum(dtype=np.float64))
+    total = softmax_denominator(row, np.float32(mx), np.float32(1.0))
     m = min(_TOP_P_FIRST_BLOCK, v)
     while True:
         ids = _top_k_ids(row, m)
@@ -282,29 +284,31 @@ def _sample_row(row: np.ndarray, p: SamplingParams, rng: np.random.Generator) ->
         else:
             ids, vals = ids[keep], vals[keep]
     # Temperature scales only what survived the filters.
-    w = np.exp((vals - np.float32(mx)) * np.float32(1.0 / p.temperature))
+    inv_t = np.float32(1.0 / p.temperature)
+    if ids is None:  # the whole row: one fused pass, no [V] temporaries
+        return int(draw_softmax(row, np.float32(mx), inv_t, rng.random()))
+    w = np.exp((vals - np.float32(mx)) * inv_t)
     j = _draw(w, rng.random())
-    return int(ids[j]) if ids is not None else j
+    return int(ids[j])
 
 
 def _logprobs(logits: np.ndarray, rows: list[int], tokens: np.ndarray,
               params: Sequence[SamplingParams]) -> dict[int, TokenLogprobs]:
-    sub = logits[rows].astype(np.float32, copy=False)  # [m, V]
-    mx = sub.max(axis=1, keepdims=True)
-    lse = mx[:, 0].astype(np.float64) + np.log(np.exp(sub - mx).sum(axis=1, dtype=np.float64))
     out = {}
-    v = sub.shape[1]
-    for r, i in enumerate(rows):
+    for i in rows:
         n = params[i].logprobs
-        row = sub[r]
+        row = logits[i]  # [V] view
+        mx = np.float32(row.max())
+        den = softmax_denominator(row, mx, np.float32(1.0))  # >= 1 for a row with a finite max
+        lse = float(mx) + math.log(den) if den > 0 else float(mx)
         if n:
             top = _top_k_ids(row, n)
             top = top[np.argsort(-row[top], kind="stable")]
-            top_lp = (row[top].astype(np.float64) - lse[r]).astype(np.float32)
+            top_lp = (row[top].astype(np.float64) - lse).astype(np.float32)
         else:
             top = np.empty(0, dtype=np.int32)
             top_lp = np.empty(0, dtype=np.float32)
-        out[i] = TokenLogprobs(float(row[tokens[i]] - lse[r]), top.astype(np.int32), top_lp)
+        out[i] = TokenLogprobs(float(row[tokens[i]]) - lse, top.astype(np.int32), top_lp)
     return out
 
 
@@ -324,8 +328,8 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams],
     logits = np.asarray(logits)
     if logits.ndim != 2 or logits.shape[0] != len(params) or logits.shape[1] == 0:
         raise ValueError(f"logits must be [n, V] with n = len(params) = {len(params)}, got {logits.shape}")
-    if logits.dtype != np.float32:
-        logits = logits.astype(np.float32)
+    # float32 C-contiguous rows: what the row kernels are compiled for (no copy when already so)
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
     n, vocab = logits.shape
     if histories is not None and len(histories) != n:
         raise ValueError(f"histories must have {n} entries, got {len(histories)}")

@@ -22,6 +22,7 @@ from edged.engine.scheduler import Scheduler
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
+from edged import sampling_kernels
 from edged.sampling import Sampler, SamplingParams
 
 log = logging.getLogger("edged.engine")
@@ -77,6 +78,7 @@ class Engine:
                                    config.max_model_len or model.context_length)
         self.kv_cache = model.allocate_kv(config.num_blocks, config.block_size)
         self.sampler = Sampler()
+        sampling_kernels.warm_up()  # compiled now, not inside the first sampled request's step
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox = Outbox()  # this step's deltas, flushed once per step (engine thread only)
