@@ -22,14 +22,15 @@ _OP_GROUP = {
 class _TimedOps:
     """Stands in for a backend ops module: same attributes, each op call timed into `acc`."""
 
-    def __init__(self, ops, acc: dict, output_name: str | None, clock):
+    def __init__(self, ops, acc: dict, output_name: str | None, clock, calls: dict):
         self._ops, self._acc, self._output_name, self._clock = ops, acc, output_name, clock
+        self._calls = calls
 
     def __getattr__(self, name):
         fn = getattr(self._ops, name)
         if not callable(fn) or name.startswith("_") or name in ("allocate_kv", "check_supported"):
             return fn
-        acc, out_name, clock = self._acc, self._output_name, self._clock
+        acc, out_name, clock, calls = self._acc, self._output_name, self._clock, self._calls
 
         def timed(*args, **kwargs):
             t0 = clock()
@@ -40,9 +41,18 @@ class _TimedOps:
             else:
                 key = _OP_GROUP.get(name, name)
             acc[key] += dt
+            calls[key] += 1
             return r
 
+        setattr(self, name, timed)  # later lookups skip __getattr__
         return timed
+
+
+def _clock_cost(clock, n: int = 2000) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        clock()
+    return (time.perf_counter() - t0) / n
 
 
 class StepProfiler:
@@ -60,6 +70,8 @@ class StepProfiler:
         # work only when kernels run on the calling thread alone (NUMBA_NUM_THREADS=1)
         self.clock = time.perf_counter if clock == "wall" else time.thread_time
         self.acc: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)  # timed calls per key
+        self.clock_cost = _clock_cost(self.clock)  # seconds one clock reading adds
         self.steps = 0
         self.tokens = 0  # tokens in the batches
         self.sampled = 0  # logits rows sampled
@@ -73,8 +85,8 @@ class StepProfiler:
         out_name = getattr(getattr(model, "output", None), "name", None)
         if hasattr(model, "layer_ops"):
             old_layer, old_out = model.layer_ops, model.output_ops
-            model.layer_ops = [_TimedOps(o, acc, out_name, self.clock) for o in old_layer]
-            model.output_ops = _TimedOps(old_out, acc, out_name, self.clock)
+            model.layer_ops = [_TimedOps(o, acc, out_name, self.clock, self.calls) for o in old_layer]
+            model.output_ops = _TimedOps(old_out, acc, out_name, self.clock, self.calls)
             self._undo.append(lambda: (setattr(model, "layer_ops", old_layer),
                                        setattr(model, "output_ops", old_out)))
 
@@ -117,14 +129,18 @@ class StepProfiler:
 
     def reset(self) -> None:
         self.acc.clear()
+        self.calls.clear()
         self.steps = self.tokens = self.sampled = 0
 
     def per_step_ms(self) -> dict[str, float]:
         """Milliseconds per step of each phase (forward split into its ops)."""
         a, n = self.acc, max(self.steps, 1)
         ops = ("matmul layers", "matmul output", "attention", "norms/rope/act", "embed")
-        out = {k: a.get(k, 0.0) for k in ops}
-        out["forward python"] = a.get("forward", 0.0) - sum(out.values())
+        # each timed op carries about one clock reading inside its interval and one outside it
+        c = self.clock_cost
+        out = {k: max(a.get(k, 0.0) - c * self.calls.get(k, 0), 0.0) for k in ops}
+        n_ops = sum(self.calls.get(k, 0) for k in ops)
+        out["forward python"] = a.get("forward", 0.0) - sum(out.values()) - 2 * c * n_ops
         out["schedule"] = a.get("schedule", 0.0)
         out["build_batch"] = a.get("build_batch", 0.0)
         out["update"] = a.get("update", 0.0)
