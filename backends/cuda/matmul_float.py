@@ -13,6 +13,7 @@ from edged.backends.cuda.launch import fsum
 from edged.backends.cuda.matmul_int import MV_MAX_N, MV_THREADS, MV_WARPS, TILE_ROWS, TILE_THREADS, TILE_TOKENS
 
 _KC = 32  # elements per tiled stage
+_KCP = _KC + 1  # padded row stride: a warp's 16 rows fall in different banks
 _W_PER = TILE_ROWS * _KC // TILE_THREADS
 _X_PER = TILE_TOKENS * _KC // TILE_THREADS
 _OUT_PER = TILE_ROWS * TILE_TOKENS // TILE_THREADS
@@ -60,8 +61,8 @@ def make_float_kernels(value):
 
     @cuda.jit
     def tiled(w, x, y):
-        sw = cuda.shared.array((TILE_ROWS, _KC), float32)
-        sx = cuda.shared.array((TILE_TOKENS, _KC), float32)
+        sw = cuda.shared.array((TILE_ROWS, _KCP), float32)
+        sx = cuda.shared.array((TILE_TOKENS, _KCP), float32)
         acc = cuda.local.array(_OUT_PER, float32)
         tid = cuda.threadIdx.x
         m, k = w.shape
@@ -84,12 +85,10 @@ def make_float_kernels(value):
                 j = e % _KC
                 sx[i, j] = x[min(t0 + i, n - 1), k0 + j] if k0 + j < k else float32(0.0)
             cuda.syncthreads()
-            for q in range(_OUT_PER):
-                tt = tid // TILE_ROWS + _TOK_STEP * q
-                a = acc[q]
-                for j in range(_KC):
-                    a += sw[row, j] * sx[tt, j]
-                acc[q] = a
+            for j in range(_KC):  # each weight serves the thread's tokens
+                wv = sw[row, j]
+                for q in range(_OUT_PER):
+                    acc[q] += wv * sx[tid // TILE_ROWS + _TOK_STEP * q, j]
             cuda.syncthreads()
         for q in range(_OUT_PER):
             t = t0 + tid // TILE_ROWS + _TOK_STEP * q

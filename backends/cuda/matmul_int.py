@@ -38,6 +38,7 @@ _TOK_STEP = TILE_THREADS // TILE_ROWS  # 8
 _W_GROUPS = TILE_ROWS * 8 * STAGE_BLOCKS // TILE_THREADS  # 4-byte weight groups per thread per stage
 _X_GROUPS = TILE_TOKENS * 8 * STAGE_BLOCKS // TILE_THREADS  # 4-byte activation groups per thread per stage
 _SE = 32 * STAGE_BLOCKS  # elements per stage
+_SEP = _SE + 4  # padded row stride: rows of a warp's reads fall in different banks
 _SH = 2 * STAGE_BLOCKS  # half-blocks per stage (shared-array shapes need plain constants)
 
 
@@ -92,13 +93,15 @@ def make_int_kernels(load4, scales, family):
 
     @cuda.jit
     def tiled(w, xq, xd, xs, y):
-        su = cuda.shared.array((TILE_ROWS, _SE), uint8)  # decoded unsigned weights of the stage
+        su = cuda.shared.array((TILE_ROWS, _SEP), uint8)  # decoded unsigned weights of the stage
         ss = cuda.shared.array((TILE_ROWS, _SH), float32)  # scale per (block, half)
         sc = cuda.shared.array((TILE_ROWS, _SH), float32)  # bias per (block, half)
-        sx = cuda.shared.array((TILE_TOKENS, _SE), int8)  # activations of the stage
+        sx = cuda.shared.array((TILE_TOKENS, _SEP), int8)  # activations of the stage
         sxd = cuda.shared.array((TILE_TOKENS, STAGE_BLOCKS), float32)
         sxs = cuda.shared.array((TILE_TOKENS, _SH), int32)  # activation sums per half-block
         acc = cuda.local.array(_OUT_PER_THREAD, float32)
+        lo = cuda.local.array(_OUT_PER_THREAD, int32)  # int32 dots of elements 0-15 / 16-31 of a block
+        hi = cuda.local.array(_OUT_PER_THREAD, int32)
         tid = cuda.threadIdx.x
         m = w.shape[0]
         n = xq.shape[0]
@@ -153,28 +156,34 @@ def make_int_kernels(load4, scales, family):
                     X += int32(sx[tt, 16 * hb + z])
                 sxs[tt, hb] = X
             cuda.syncthreads()
-            for q in range(_OUT_PER_THREAD):
-                tt = tid // TILE_ROWS + _TOK_STEP * q
-                a = acc[q]
-                for jb in range(STAGE_BLOCKS):
-                    lo = int32(0)
-                    hi = int32(0)
-                    o = 32 * jb
-                    for z in range(16):
-                        lo += int32(su[row, o + z]) * int32(sx[tt, o + z])
-                    for z in range(16, 32):
-                        hi += int32(su[row, o + z]) * int32(sx[tt, o + z])
+            for jb in range(STAGE_BLOCKS):
+                o = 32 * jb
+                for q in range(_OUT_PER_THREAD):
+                    lo[q] = int32(0)
+                    hi[q] = int32(0)
+                for z in range(16):  # each weight byte serves the thread's 4 tokens
+                    wl = int32(su[row, o + z])
+                    wh = int32(su[row, o + 16 + z])
+                    for q in range(_OUT_PER_THREAD):
+                        tt = tid // TILE_ROWS + _TOK_STEP * q
+                        lo[q] += wl * int32(sx[tt, o + z])
+                        hi[q] += wh * int32(sx[tt, o + 16 + z])
+                s0 = ss[row, 2 * jb]
+                s1 = ss[row, 2 * jb + 1]
+                c0 = sc[row, 2 * jb]
+                c1 = sc[row, 2 * jb + 1]
+                for q in range(_OUT_PER_THREAD):
+                    tt = tid // TILE_ROWS + _TOK_STEP * q
                     dx = sxd[tt, jb]
                     X0 = sxs[tt, 2 * jb]
                     X1 = sxs[tt, 2 * jb + 1]
                     if family == K16:
-                        a += ((float32(lo) * (dx * ss[row, 2 * jb]) + float32(hi) * (dx * ss[row, 2 * jb + 1]))
-                              + (sc[row, 2 * jb] * (dx * float32(X0)) + sc[row, 2 * jb + 1] * (dx * float32(X1))))
+                        acc[q] += ((float32(lo[q]) * (dx * s0) + float32(hi[q]) * (dx * s1))
+                                   + (c0 * (dx * float32(X0)) + c1 * (dx * float32(X1))))
                     elif family == LEGACY:
-                        a += dx * (ss[row, 2 * jb] * float32(lo + hi) + sc[row, 2 * jb] * float32(X0 + X1))
+                        acc[q] += dx * (s0 * float32(lo[q] + hi[q]) + c0 * float32(X0 + X1))
                     else:
-                        a += float32(lo + hi) * (dx * ss[row, 2 * jb]) + sc[row, 2 * jb] * (dx * float32(X0 + X1))
-                acc[q] = a
+                        acc[q] += float32(lo[q] + hi[q]) * (dx * s0) + c0 * (dx * float32(X0 + X1))
             cuda.syncthreads()
         for q in range(_OUT_PER_THREAD):
             t = t0 + tid // TILE_ROWS + _TOK_STEP * q

@@ -48,3 +48,14 @@ def test_upload_matrix_keeps_the_raw_blocks():
     assert (wd.name, wd.qtype, wd.shape) == ("w", T.Q6_K, (3, 256))
     assert wd.rows.dtype == np.uint8 and tuple(wd.rows.shape) == (3, 210)
     np.testing.assert_array_equal(o.to_host(wd.rows), w.rows())
+
+
+def test_numpy_quantization_reference_is_the_cpus():
+    from edged.backends.cpu.act_quant import quantize_activations as cpu_quantize
+    from tests.backends.cuda.checks import np_quantize
+
+    x = np.random.default_rng(5).standard_normal((4, 128)).astype(np.float32)
+    x[0, :32] = np.arange(32, dtype=np.float32) - 15.5
+    x[1, 32:64] = 0.0
+    for a, b in zip(np_quantize(x), cpu_quantize(x)):
+        np.testing.assert_array_equal(a, b)
