@@ -8,7 +8,7 @@ x @ W_f32.T on the dequantized weights. Activation quantization is timed apart (
 matmuls of one x in a forward pass).
 BLAS runs with OPENBLAS_NUM_THREADS = NUMBA_NUM_THREADS unless set.
 Usage: NUMBA_NUM_THREADS=1 .venv/bin/python bench/matmul_kquants.py [--repeat 200] [--types Q4_K,Q6_K]
-       [--ns 1,16,64,512]
+       [--ns 1,2,4,8,16,64,512]
 """
 
 import argparse
@@ -28,6 +28,7 @@ from gguf.quants import dequantize
 
 from edged.backends.cpu import matmul_kquants as mk
 from edged.backends.cpu.act_quant import quantize_activations
+from edged.backends.cpu.matmul import GEMV_MAX_N
 from edged.quant.synth import random_qtensor
 
 
@@ -64,7 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_K,Q2_K,Q3_K,IQ4_XS")
-    ap.add_argument("--ns", default="1,16,64,512")
+    ap.add_argument("--ns", default="1,2,4,8,16,64,512")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
     ns = [int(v) for v in args.ns.split(",")]
@@ -84,7 +85,7 @@ def main() -> None:
             xq, xd, xs = quantize_activations(x)
             y = np.empty((n, m), np.float32)  # [n, m]
             gemv, gemm = mk.KERNELS[qt]
-            kern = gemv if n == 1 else gemm
+            kern = gemv if n <= GEMV_MAX_N else gemm  # as matmul() dispatches
             rep = max(5, args.repeat // max(1, n // 16))
             t, c = _median_time(lambda: kern(rows, xq, xd, xs, y), rep)
             tb, cb = _median_time(lambda: x @ wf.T, rep)
