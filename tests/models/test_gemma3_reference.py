@@ -44,16 +44,19 @@ def cases():
 @dataclass
 class Comparison:
     first_diff: int | None  # index of the first generated token that differs, None if all equal
-    max_logprob_diff: float  # over positions up to and including the first difference
+    max_logprob_diff: float  # |top-1 logprob diff| over the matched positions (before first_diff)
     cross_top5: bool  # at the first difference: each token in the other's top-5
 
 
 def compare(ids: list, steps: list, case: dict) -> Comparison:
-    """Our greedy ids and per-step top-5 [(id, logprob)] against one llama.cpp greedy record."""
+    """Our greedy ids and per-step top-5 [(id, logprob)] against one llama.cpp greedy record.
+
+    Matched positions are those before the first difference (where both engines emitted the same
+    token from the same context); after a departure the contexts differ and nothing is compared."""
     want = case["ids"][: len(ids)]
     first = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), None)
-    last = len(ids) - 1 if first is None else first
-    lp = max(abs(steps[i][0][1] - case["steps"][i]["top"][0][1]) for i in range(last + 1))
+    matched = len(ids) if first is None else first
+    lp = max((abs(steps[i][0][1] - case["steps"][i]["top"][0][1]) for i in range(matched)), default=0.0)
     cross = True
     if first is not None:
         theirs = [t for t, _ in case["steps"][first]["top"]]
