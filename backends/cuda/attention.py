@@ -5,10 +5,11 @@ lo..p of s (lo = p - window + 1 when window > 0), read through block_tables[s]; 
 q·k · scale, then softcap · tanh(logit / softcap) when softcap > 0, then softmax; query head h reads
 kv head h // (h / kvh) (GQA).
 
-Kernel: one thread block per (token, kv head). The g = h / kvh query heads sharing the kv head sit
-in shared memory; keys are visited in tiles of blockDim keys (one key per thread scores all g
-heads), each tile's probabilities update a running max / sum per head (online softmax) and the
-accumulators, which threads own per (head, feature) so V rows are read coalesced. A block-table
+Kernel: one thread block per (token, kv head, chunk of CHUNK keys). The g = h / kvh query heads
+sharing the kv head sit in shared memory; keys are visited in tiles of blockDim keys (one key per
+thread scores all g heads), each tile's probabilities update a running max / sum per head (online
+softmax) and the accumulators, which threads own per (head, feature) so V rows are read
+coalesced. Several chunks of a token are merged by _combine_chunks (flash-decoding). A block-table
 entry that is missing or out of range gives the token NaN outputs (checked on the host instead
 when the table is a host array: see prepare_batch).
 """
@@ -28,6 +29,9 @@ _MAX_THREADS = 128
 MAX_G = 16  # query heads per kv head
 ACC_MAX = 16  # accumulator entries per thread: g · head_dim <= ACC_MAX · ATT_THREADS
 MAX_GHD = ACC_MAX * _MAX_THREADS
+# Keys per thread block: a long context is split over several blocks (flash-decoding), so a decode
+# step still fills the device; partial results are combined by _combine_chunks.
+CHUNK = 2 * ATT_THREADS
 
 
 @cuda.jit
@@ -130,7 +134,11 @@ def prepare_batch(batch: Batch) -> Batch:
 
 
 @cuda.jit
-def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, out):
+def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, chunk, out,
+               part_m, part_l, part_acc):
+    """Grid (token, kv head, key chunk c): keys lo + c·chunk .. of the token's range [lo, p]. With
+    one chunk the normalized result goes to out [n, h, hd]; otherwise each block leaves (max, sum,
+    unnormalized weighted V) in part_m / part_l [n, h, chunks], part_acc [n, h, chunks, hd]."""
     sq = cuda.shared.array(MAX_GHD, float32)  # [g, hd] the query heads of this kv head
     ssc = cuda.shared.array((MAX_G, _MAX_THREADS), float32)  # [g, tile] scores, then probabilities
     sblk = cuda.shared.array(_MAX_THREADS, int32)  # [tile] cache block of each key
@@ -140,6 +148,8 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
     acc = cuda.local.array(ACC_MAX, float32)
     t = cuda.blockIdx.x
     kh = cuda.blockIdx.y
+    c = cuda.blockIdx.z
+    n_chunks = cuda.gridDim.z
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     n_heads = q.shape[1]
@@ -157,6 +167,13 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
     lo = 0
     if window > 0 and p - window + 1 > 0:
         lo = p - window + 1
+    k0 = lo + c * chunk  # this block's keys: k0 .. k1 - 1
+    k1 = min(k0 + chunk, p + 1)
+    if k0 >= k1:  # the token has fewer chunks: an empty part (uniform across the block)
+        if tid < g:
+            part_m[t, h0 + tid, c] = -math.inf
+            part_l[t, h0 + tid, c] = float32(0.0)
+        return
     for e in range(tid, gh, nt):
         sq[e] = q[t, h0 + e // hd, e % hd]
     if tid < g:
@@ -165,9 +182,9 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
     for z in range(ACC_MAX):
         acc[z] = float32(0.0)
     cuda.syncthreads()
-    for j0 in range(lo, p + 1, nt):
+    for j0 in range(k0, k1, nt):
         j = j0 + tid
-        if j <= p:  # scores of this thread's key for all g heads
+        if j < k1:  # scores of this thread's key for all g heads
             bi = j // bs
             blk = block_tables[s, bi] if bi < max_blocks else -1
             if 0 <= blk < n_blocks:
@@ -204,7 +221,7 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
             sl[tid] = total
             sal[tid] = alpha
         cuda.syncthreads()
-        nk = min(nt, p + 1 - j0)
+        nk = min(nt, k1 - j0)
         for z in range(ACC_MAX):  # accumulators: thread owns (head, feature) pairs tid + z·nt
             e = tid + z * nt
             if e < gh:
@@ -218,7 +235,38 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
     for z in range(ACC_MAX):
         e = tid + z * nt
         if e < gh:
-            out[t, h0 + e // hd, e % hd] = acc[z] / sl[e // hd]
+            if n_chunks == 1:
+                out[t, h0 + e // hd, e % hd] = acc[z] / sl[e // hd]
+            else:
+                part_acc[t, h0 + e // hd, c, e % hd] = acc[z]
+    if n_chunks > 1 and tid < g:
+        part_m[t, h0 + tid, c] = sm[tid]
+        part_l[t, h0 + tid, c] = sl[tid]
+
+
+@cuda.jit
+def _combine_chunks(part_m, part_l, part_acc, out):
+    """out[t, h, d] = Σ_c e^(m_c - M) acc_c / Σ_c e^(m_c - M) l_c over a token's non-empty chunks
+    (one thread per output; the max chunk's weight is exactly 1, as on the CPU)."""
+    n, n_heads, n_chunks, hd = part_acc.shape
+    i = cuda.grid(1)
+    if i >= n * n_heads * hd:
+        return
+    t = i // (n_heads * hd)
+    h = (i // hd) % n_heads
+    d = i % hd
+    mx = float32(-math.inf)
+    for c in range(n_chunks):
+        if part_l[t, h, c] > float32(0.0):
+            mx = max(mx, part_m[t, h, c])
+    tot = float32(0.0)
+    a = float32(0.0)
+    for c in range(n_chunks):
+        if part_l[t, h, c] > float32(0.0):
+            w = float32(1.0) if part_m[t, h, c] == mx else float32(math.exp(part_m[t, h, c] - mx))
+            tot += w * part_l[t, h, c]
+            a += w * part_acc[t, h, c, d]
+    out[t, h, d] = a / tot
 
 
 def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0):
@@ -244,7 +292,25 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
     if batch.block_tables.ndim != 2:
         raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {tuple(batch.block_tables.shape)}")
     out = cuda.device_array((n, h, hd), dtype=np.float32)  # [n, h, hd]
-    if n:
-        _attention[(n, kvh), ATT_THREADS](q, kv.k, kv.v, batch.block_tables, batch.seq_starts, batch.positions,
-                                          np.int32(window), np.float32(scale), np.float32(softcap), out)
+    if n == 0:
+        return out
+    # key chunks per token, from shapes alone (no device-to-host copy): the longest context the
+    # block table can hold, or the window
+    max_keys = int(batch.block_tables.shape[1]) * bs
+    if window > 0:
+        max_keys = min(max_keys, int(window))
+    n_chunks = max(1, -(-max_keys // CHUNK))
+    if n_chunks == 1:
+        part_m = part_l = cuda.device_array((1, 1, 1), dtype=np.float32)
+        part_acc = cuda.device_array((1, 1, 1, 1), dtype=np.float32)
+    else:
+        part_m = cuda.device_array((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
+        part_l = cuda.device_array((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
+        part_acc = cuda.device_array((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
+    _attention[(n, kvh, n_chunks), ATT_THREADS](
+        q, kv.k, kv.v, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
+        np.float32(scale), np.float32(softcap), np.int32(CHUNK), out, part_m, part_l, part_acc)
+    if n_chunks > 1:
+        blocks, threads = launch_1d(n * h * hd)
+        _combine_chunks[blocks, threads](part_m, part_l, part_acc, out)
     return out

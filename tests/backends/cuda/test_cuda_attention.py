@@ -70,3 +70,11 @@ def test_prepare_batch_uploads_every_array():
     for name in ("token_ids", "positions", "seq_starts", "seq_lens", "block_tables", "slot_mapping", "logits_indices"):
         arr = getattr(b, name)
         assert not isinstance(arr, np.ndarray) and hasattr(arr, "copy_to_host"), name
+
+
+@pytest.mark.parametrize("window", [0, 100])
+def test_long_context_split_into_chunks(window):
+    from edged.backends.cuda.attention import CHUNK
+
+    assert 130 > 2 * CHUNK  # three chunks of keys for the longest token (two with the window)
+    check_attention(bs=8, kvh=1, g=2, hd=16, seqs=[(130, 3), (0, 2)], window=window, seed=5)
