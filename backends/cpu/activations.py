@@ -10,18 +10,27 @@ import math
 import numba as nb
 import numpy as np
 
+from edged.backends.cpu.fastexp import exp_nonpos
+
+_FM = {"contract", "nsz", "arcp"}  # no reassoc: elementwise, nothing to reorder
+
 _SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
 _GELU_COEF_A = np.float32(0.044715)
 _HALF = np.float32(0.5)
 _ONE = np.float32(1.0)
 
 
-@nb.njit(inline="always")
+@nb.njit(inline="always", fastmath=_FM)
 def _gelu(x):
-    return _HALF * x * (_ONE + np.float32(math.tanh(_SQRT_2_OVER_PI * x * (_ONE + _GELU_COEF_A * x * x))))
+    # 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), with e^(-2|y|) from the vectorizable exp: scalar libm
+    # tanh cost ~12 ns per element (0.4 ms per layer at 16 tokens), this form ~1 ns
+    y = _SQRT_2_OVER_PI * x * (_ONE + _GELU_COEF_A * x * x)
+    e = exp_nonpos(np.float32(-2.0) * abs(y))
+    num = _ONE if y >= np.float32(0.0) else e
+    return x * num / (_ONE + e)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
 def _gelu_tanh_mul_rows(gate, up, out):
     n, f = gate.shape
     for r in nb.prange(n):
