@@ -42,3 +42,24 @@ def test_real_tensors_match_cpu():
         np.testing.assert_array_equal(got, cpu.embed(emb, ids))
     finally:
         gf.close()
+
+
+def test_default_model_on_the_device_gives_the_cpu_tokens():
+    """Every layer and the output on the CUDA ops: the host's greedy tokens. A 4-token prompt keeps
+    the CPU side on its gemv kernels (quick to compile from a cold cache)."""
+    from edged.models import load_model
+    from tests.models.driver import greedy
+
+    o = ops()
+    gf = load_gguf(default_model_path())
+    try:
+        prompt = [2, 818, 5279, 529]
+        ref = greedy(load_model(gf), prompt, 6)
+        model = load_model(gf)
+        model.place([o] * model.n_layers, o)
+        got = greedy(model, prompt, 6)
+        assert got.ids == ref.ids
+        for a, b in zip(got.steps, ref.steps):
+            np.testing.assert_allclose([p for _, p in a], [p for _, p in b], atol=2e-3)
+    finally:
+        gf.close()
