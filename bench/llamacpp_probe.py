@@ -8,6 +8,7 @@ worst top-1 logprob difference up to the first departure).
 
     .venv/bin/python bench/llamacpp_probe.py                       # the default flag sets
     .venv/bin/python bench/llamacpp_probe.py --flags="-fa on" --flags="-ctk f32 -ctv f32"
+    .venv/bin/python bench/llamacpp_probe.py --teacher-forced --flags="-t 1" --flags="-t 1 -fa off"
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def run_flags(flags: str, cases: list, threads: int = 2) -> list[dict]:
-    """One llama-server with `flags`; per case its greedy ids and per-step top-5 [(id, logprob)]."""
+def run_flags(flags: str, cases: list, threads: int = 2, teacher_forced: bool = False) -> list[dict]:
+    """One llama-server with `flags`; per case its greedy ids and per-step top-5 [(id, logprob)].
+
+    teacher_forced: instead, step i is asked for separately with the prompt followed by the
+    reference's first i tokens (prompt cache on, so each request decodes one new token, as greedy
+    decoding does); "ids" are then each step's top-1."""
     port = _free_port()
     extra = shlex.split(flags)
     cmd = [str(server_binary()), "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
@@ -70,6 +75,16 @@ def run_flags(flags: str, cases: list, threads: int = 2) -> list[dict]:
                 time.sleep(0.5)
         out = []
         for c in cases:
+            if teacher_forced:
+                steps = []
+                for i in range(len(c["ids"])):
+                    resp = _post(url + "/completion", {
+                        "prompt": c["prompt_ids"] + c["ids"][:i], "n_predict": 1, "temperature": 0,
+                        "n_probs": 5, "cache_prompt": True, "post_sampling_probs": False})
+                    p = resp["completion_probabilities"][0]
+                    steps.append([(t["id"], t["logprob"]) for t in p["top_logprobs"]])
+                out.append({"ids": [s[0][0] for s in steps], "steps": steps})
+                continue
             resp = _post(url + "/completion", {
                 "prompt": c["prompt_ids"], "n_predict": len(c["ids"]), "temperature": 0,
                 "n_probs": 5, "cache_prompt": False, "post_sampling_probs": False})
@@ -100,22 +115,45 @@ def score(runs: list[dict], cases: list) -> tuple[int, float, dict]:
     return matched, worst, detail
 
 
+def score_teacher_forced(runs: list[dict], cases: list) -> str:
+    """Top-1 agreement and |top-1 logprob diff| over all steps (contexts equal llama.cpp's)."""
+    import statistics
+
+    agree, diffs = 0, []
+    for r, c in zip(runs, cases):
+        for i, step in enumerate(c["steps"]):
+            ours = dict(r["steps"][i])
+            agree += r["ids"][i] == c["ids"][i]
+            ref_id, ref_lp = step["top"][0]
+            # the reference top-1 outside our top-5: count its logprob as below our 5th
+            diffs.append(abs(ours.get(ref_id, r["steps"][i][-1][1]) - ref_lp))
+    diffs.sort()
+    return (f"top-1 agree {agree}/{len(diffs)}, mean |diff| {statistics.fmean(diffs):.4f}, "
+            f"p90 {diffs[int(0.9 * len(diffs))]:.3f}, max {diffs[-1]:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flags", action="append", help="one llama-server flag set (repeatable)")
     ap.add_argument("--dump", help="write every run's ids and top-5 to this JSON file")
+    ap.add_argument("--teacher-forced", action="store_true",
+                    help="score each step on llama.cpp's recorded context (one request per step)")
     args = ap.parse_args()
     cases = json.load(open(FIXTURE))["greedy"]
     dump = {}
     for flags in args.flags or DEFAULT_SETS:
         t0 = time.time()
         try:
-            runs = run_flags(flags, cases)
+            runs = run_flags(flags, cases, teacher_forced=args.teacher_forced)
         except RuntimeError as e:
             print(f"{flags:28s} failed: {e}", flush=True)
             continue
-        m, w, detail = score(runs, cases)
         dump[flags] = runs
+        if args.teacher_forced:
+            print(f"{flags or '(defaults)':28s} teacher-forced: {score_teacher_forced(runs, cases)}  "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+            continue
+        m, w, detail = score(runs, cases)
         print(f"{flags or '(defaults)':28s} match {m:2d}/12  worst top-1 diff {w:.4f}  "
               f"({time.time() - t0:.0f} s)  {detail}", flush=True)
     if args.dump:
