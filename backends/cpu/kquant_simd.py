@@ -30,8 +30,9 @@ All byte offsets are element offsets into C-contiguous arrays; nothing is bounds
 kernels in matmul_kquants.py own the shapes). On hosts without AVX-512 VNNI (decided at compile
 time from `USE_VNNI`, which tests flip to exercise it) the dot is portable vector IR
 (zext × sext, sums of 4 lanes) that LLVM lowers for any target.
-Numba's on-disk cache keys on the caller's file only: after editing this module, touch
-matmul_kquants.py (or clear the cache) or its kernels keep the old code.
+Numba's on-disk cache keys on the content of the caller's file only (numba 0.68 hashes the
+source; touching it does nothing): after editing this module, delete the matmul_kquants.* files
+of edged's Numba cache dir, or its kernels keep the old code.
 """
 
 import llvmlite.binding as llvm
