@@ -753,7 +753,7 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = T
                 xb = builder.gep(xp, [builder.mul(b, c64(32 * nt))])
                 ub = builder.mul(b, c64(32))
                 lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
-                for g in (0, 4, 1, 5, 2, 6, 3, 7):  # chains per row: elements 0-15 (lo), 16-31 (hi), interleaved
+                for g in range(8):  # int32 chains per row: elements 0-15 (lo), 16-31 (hi)
                     xv = _ld(builder, xb, 4 * nt * g, vb)
                     for r in range(TILE_ROWS):
                         wword = _ld(builder, ur[r], builder.add(ub, c64(4 * g)), _I32)
