@@ -4,10 +4,12 @@ device arrays (float32 unless stated), plus transfers and weight upload.
     upload(a) -> device array; to_host(d) -> np.ndarray; device_memory() -> (free, total) bytes
     upload_matrix(w: QTensor) -> DeviceMatrix(name, qtype, shape=(m, k), rows: device uint8 [m, row_bytes])
     check_supported(qtype) -> None                     ValueError naming a type without a kernel
-    matmul(w: DeviceMatrix, x [n, k], *, qx=None) -> [n, m]
+    matmul(w: DeviceMatrix, x [n, k], *, qx=None) -> [n, m]   (qx = quantize_activations(x) shares one
+                                                       int8 quantization between matmuls of the same x)
     embed(w: DeviceMatrix, ids int32 [n]) -> [n, k]
-    rms_norm(x [n, d], weight [d], eps) -> [n, d];  rope(x [n, h, hd], positions [n], RopeParams) -> [n, h, hd]
-    gelu_tanh_mul(gate, up), silu_mul(gate, up) -> [n, f];  softcap(x, cap)
+    rms_norm(x [n, d], weight [d], eps, out=None) -> [n, d]
+    rope(x [n, h, hd], positions [n], p: RopeParams, out=None) -> [n, h, hd]
+    gelu_tanh_mul(gate, up, out=None), silu_mul(gate, up, out=None) -> [n, f];  softcap(x, cap, out=None)
     add(a, b, out=None) (b same shape or a row [d]);  scale(x, s, out=None)
     take_rows(x [n, ...], rows) -> [len(rows), ...];  slice_cols(x [n, c], start, stop) -> [n, stop-start]
     allocate_kv(num_blocks, block_size, n_kv_heads, head_dim) -> LayerKV (device k, v, zeroed)
