@@ -66,6 +66,10 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens: int = 4096
     n_layers = model.n_layers
     if backend == "cpu":
         return Placement("cpu", 0, False, "backend cpu")
+    from edged.backends.cuda.probe import simulator_enabled
+
+    if backend == "auto" and probe is None and simulator_enabled():  # never import the simulator unasked
+        return Placement("cpu", 0, False, "backend cpu (the CUDA simulator is only used when asked for)")
     if probe is None:
         from edged.backends.cuda.probe import probe
     dev = probe()
