@@ -76,6 +76,15 @@ class Batch:
         return int(self.seq_lens.shape[0])
 
 
+def kv_shape(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> tuple:
+    """(num_blocks, block_size, n_kv_heads, head_dim) as ints; ValueError naming a size <= 0."""
+    for name, v in (("num_blocks", num_blocks), ("block_size", block_size),
+                    ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
+        if int(v) <= 0:
+            raise ValueError(f"allocate_kv: {name} must be > 0, got {v}")
+    return int(num_blocks), int(block_size), int(n_kv_heads), int(head_dim)
+
+
 @dataclass
 class LayerKV:
     """One layer's paged KV cache, indexed by block id."""

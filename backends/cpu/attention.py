@@ -12,7 +12,7 @@ import math
 import numba as nb
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV
+from edged.backends.base import Batch, LayerKV, kv_shape
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
 
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: the -inf sentinel must stay exact
@@ -23,11 +23,7 @@ _CHUNK = 256
 
 def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
     """One layer's paged KV cache: K and V float32 [num_blocks, block_size, n_kv_heads, head_dim]."""
-    for name, v in (("num_blocks", num_blocks), ("block_size", block_size),
-                    ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-        if int(v) <= 0:
-            raise ValueError(f"allocate_kv: {name} must be > 0, got {v}")
-    shape = (int(num_blocks), int(block_size), int(n_kv_heads), int(head_dim))
+    shape = kv_shape(num_blocks, block_size, n_kv_heads, head_dim)
     return LayerKV(k=np.zeros(shape, dtype=np.float32), v=np.zeros(shape, dtype=np.float32))
 
 

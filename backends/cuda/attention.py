@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
-from edged.backends.base import Batch, LayerKV
+from edged.backends.base import Batch, LayerKV, kv_shape
 from edged.backends.cuda.launch import SIM, launch_1d
 from edged.backends.cuda.memory import as_device, is_device
 
@@ -43,11 +43,7 @@ def _zero(a):
 
 def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
     """One layer's paged KV cache on the device: k, v float32 [num_blocks, block_size, kvh, hd], zeroed."""
-    for name, v in (("num_blocks", num_blocks), ("block_size", block_size),
-                    ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-        if int(v) <= 0:
-            raise ValueError(f"allocate_kv: {name} must be > 0, got {v}")
-    shape = (int(num_blocks), int(block_size), int(n_kv_heads), int(head_dim))
+    shape = kv_shape(num_blocks, block_size, n_kv_heads, head_dim)
     k = cuda.device_array(shape, dtype=np.float32)
     v = cuda.device_array(shape, dtype=np.float32)
     size = int(np.prod(shape))
