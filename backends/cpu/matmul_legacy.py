@@ -10,7 +10,8 @@ int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
 gemv (n small): per row, simd.rows_dot8 decodes each group of 8 raw blocks once for every token,
 transposes it in registers and sums 8 whole blocks per vpdpbusd lane against activations repacked
-once per call (simd.repack_groups8).
+once per call (simd.repack_groups8; a last group of <= 4 blocks, e.g. k = 640, packs two tokens
+into each vector, so it costs half a group per token).
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
 per-block scales and sums), then simd.row_tile_dot_raw8 multiplies each raw weight row by every
@@ -34,7 +35,7 @@ QK = 32
 
 # Numba's on-disk cache keys on this file's text only, not on simd.py's intrinsics that these
 # kernels inline: bump this whenever simd.py's codegen changes, or stale machine code is loaded.
-SIMD_REVISION = 2
+SIMD_REVISION = 3
 
 # kinds for the shared gemm row decoder
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
@@ -52,7 +53,7 @@ def _gemv_raw(w, xq, xd, xs, y, kind):
     each kernel compiles its own row dot); parallel over rows, every token of a row at once."""
     m = w.shape[0]
     n, k = xq.shape
-    xt = np.empty((n, ((k // QK + 7) // 8) * 256), np.int8)  # [n, groups·256] 8-block groups, transposed
+    xt = np.empty(((n + 1) // 2, ((k // QK + 7) // 8) * 512), np.int8)  # [token pairs, groups·512] 8-block groups, transposed
     repack_groups8(xq, xt)
     for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         acc = np.empty(8 * n, np.float32)  # [n, 8] lane accumulators

@@ -3,7 +3,7 @@
 rows_dot8 (gemv, any small n): one raw weight row · every token; each group of 8 blocks is decoded
 once, transposed in registers and dotted against activations repacked the same way
 (repack_groups8), so one vpdpbusd per 4-byte group sums 8 whole blocks into 8 int32 lanes — no
-horizontal sum per block or per token. row_tile_dot_raw8 (gemm): one weight row ·
+horizontal sum per block or per token; a last group of <= 4 blocks serves two tokens per vector. row_tile_dot_raw8 (gemm): one weight row ·
 a 16-token tile whose int8 activations are "4-interleaved" ([8 groups][16 tokens][4 bytes]) per
 block, giving 16 token lanes. Both add the per-block float terms in one canonical 8-lane order (see
 "canonical 8-lane float order" below), so a token's output is bit-identical in gemv and gemm.
@@ -441,27 +441,89 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
             if nvalid is not None:
                 dv = builder.select(lane_ok, dv, zero8f)
                 cv = builder.select(lane_ok, cv, zero8f)
-            with cgutils.for_range(builder, n) as tl:
-                t = tl.index
-                xg = builder.gep(xtp, [builder.add(builder.mul(t, xts), builder.mul(grp, ir.Constant(i64, 256)))])
-                s = [zero8i] * 4  # four chains: dependent vpdpbusd are latency-bound
-                for g in range(8):
-                    xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 32 * g)]), v8i32.as_pointer()), align=1)
-                    s[g % 4] = _dot8_acc(builder, s[g % 4], w[g], xv)
-                sf = builder.sitofp(builder.add(builder.add(s[0], s[1]), builder.add(s[2], s[3])), v8f)
+            def pair_of(a, b):  # two <w x ...> -> <2w x ...>
+                return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 2 * a.type.count), list(range(2 * a.type.count))))
+
+            def scales(t):
+                """xd, xs (as float) of token t's 8 blocks in this group."""
                 tb = builder.add(builder.mul(t, nblk), b0)
                 xdq = builder.bitcast(builder.gep(xdp, [tb]), v8f.as_pointer())
                 xsq = builder.bitcast(builder.gep(xsp, [tb]), v8i32.as_pointer())
                 if nvalid is None:
-                    xdv = builder.load(xdq, align=4)
-                    xsi = builder.load(xsq, align=4)
-                else:  # masked: no read past the token's row (or the array)
-                    xdv = builder.call(mload_f, [xdq, ir.Constant(_I32, 4), lane_ok, zero8f])
-                    xsi = builder.call(mload_i, [xsq, ir.Constant(_I32, 4), lane_ok, zero8i])
-                term = builder.fmul(xdv, builder.fadd(builder.fmul(dv, sf), builder.fmul(cv, builder.sitofp(xsi, v8f))))
-                ap = builder.bitcast(builder.gep(accp, [builder.mul(t, eight)]), v8f.as_pointer())
+                    return builder.load(xdq, align=4), builder.load(xsq, align=4)
+                # masked: no read past the token's row (or the array)
+                return (builder.call(mload_f, [xdq, ir.Constant(_I32, 4), lane_ok, zero8f]),
+                        builder.call(mload_i, [xsq, ir.Constant(_I32, 4), lane_ok, zero8i]))
+
+            def accumulate(t, sf, xdv, xsi):
+                """Token t's 8 lanes += xd · (d · s + c · xs) (the canonical term)."""
+                term = builder.fmul(xdv, builder.fadd(builder.fmul(dv, sf), builder.fmul(cv, builder.sitofp(xsi, sf.type))))
+                ap = builder.bitcast(builder.gep(accp, [builder.mul(t, eight)]), sf.type.as_pointer())
                 prev = builder.select(first, zero8f, builder.load(ap, align=4))  # lanes start at +0.0
                 builder.store(builder.fadd(prev, term), ap, align=4)
+
+            def one_token(t):
+                # token t's group g: xt[t // 2, 512·grp + 64·g + 32·(t % 2)]
+                half = builder.mul(builder.and_(t, ir.Constant(i64, 1)), ir.Constant(i64, 32))
+                xg = builder.gep(xtp, [builder.add(builder.add(builder.mul(builder.lshr(t, ir.Constant(i64, 1)), xts), builder.mul(grp, ir.Constant(i64, 512))), half)])
+                s = [zero8i] * 4  # four chains: dependent vpdpbusd are latency-bound
+                for g in range(8):
+                    xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 64 * g)]), v8i32.as_pointer()), align=1)
+                    s[g % 4] = _dot8_acc(builder, s[g % 4], w[g], xv)
+                sf = builder.sitofp(builder.add(builder.add(s[0], s[1]), builder.add(s[2], s[3])), v8f)
+                xdv, xsi = scales(t)
+                accumulate(t, sf, xdv, xsi)
+
+            if nvalid is None:
+                with cgutils.for_range(builder, n) as tl:
+                    one_token(tl.index)
+                return
+            # a last group of <= 4 blocks: repack_groups8 packs token pairs into its lanes 0-3 and
+            # 4-7, so one vpdpbusd serves two tokens. Lanes 4-7 of each token hold only zero terms,
+            # and adding a zero to a lane (never -0.0: lanes start at +0.0) changes nothing, so
+            # skipping them keeps the canonical order's result bit for bit.
+            with builder.if_else(builder.icmp_unsigned("<=", nvalid, ir.Constant(i64, 4))) as (packed, spread):
+                with packed:
+                    v4f = ir.VectorType(f32, 4)
+                    v4i = ir.VectorType(_I32, 4)
+                    v4i1 = ir.VectorType(i1, 4)
+                    mload_f4 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4f, [v4f.as_pointer(), _I32, v4i1, v4f]), "llvm.masked.load.v4f32.p0v4f32")
+                    mload_i4 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4i, [v4i.as_pointer(), _I32, v4i1, v4i]), "llvm.masked.load.v4i32.p0v4i32")
+                    lo4, twice = ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3]), ir.Constant(ir.VectorType(_I32, 8), [0, 1, 2, 3, 0, 1, 2, 3])
+                    ok4 = builder.shuffle_vector(lane_ok, ir.Constant(v8i1, ir.Undefined), lo4)
+                    w2 = [builder.shuffle_vector(wg, ir.Constant(v8i32, ir.Undefined), twice) for wg in w]
+                    dv2 = builder.shuffle_vector(dv, ir.Constant(v8f, ir.Undefined), twice)
+                    cv2 = builder.shuffle_vector(cv, ir.Constant(v8f, ir.Undefined), twice)
+                    zero4f = ir.Constant(v4f, None)
+                    with cgutils.for_range(builder, builder.lshr(n, ir.Constant(i64, 1))) as pl:
+                        xg = builder.gep(xtp, [builder.add(builder.mul(pl.index, xts), builder.mul(grp, ir.Constant(i64, 512)))])
+                        sacc = [zero8i] * 4
+                        for g in range(8):
+                            xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 64 * g)]), v8i32.as_pointer()), align=1)
+                            sacc[g % 4] = _dot8_acc(builder, sacc[g % 4], w2[g], xv)
+                        sf = builder.sitofp(builder.add(builder.add(sacc[0], sacc[1]), builder.add(sacc[2], sacc[3])), v8f)
+                        t0 = builder.shl(pl.index, ir.Constant(i64, 1))
+                        toks = (t0, builder.add(t0, ir.Constant(i64, 1)))
+                        xd4, xs4 = [], []
+                        for t in toks:
+                            tb = builder.add(builder.mul(t, nblk), b0)
+                            xd4.append(builder.call(mload_f4, [builder.bitcast(builder.gep(xdp, [tb]), v4f.as_pointer()), ir.Constant(_I32, 4), ok4, zero4f]))
+                            xs4.append(builder.call(mload_i4, [builder.bitcast(builder.gep(xsp, [tb]), v4i.as_pointer()), ir.Constant(_I32, 4), ok4, ir.Constant(v4i, None)]))
+                        xdv, xsi = pair_of(xd4[0], xd4[1]), pair_of(xs4[0], xs4[1])
+                        term = builder.fmul(xdv, builder.fadd(builder.fmul(dv2, sf), builder.fmul(cv2, builder.sitofp(xsi, v8f))))
+                        for h, t in enumerate(toks):
+                            termh = builder.shuffle_vector(term, ir.Constant(v8f, ir.Undefined), ir.Constant(ir.VectorType(_I32, 4), [4 * h + i for i in range(4)]))
+                            ap = builder.gep(accp, [builder.mul(t, eight)])
+                            ap4 = builder.bitcast(ap, v4f.as_pointer())
+                            prev = builder.select(first, zero4f, builder.load(ap4, align=4))  # lanes start at +0.0
+                            builder.store(builder.fadd(prev, termh), ap4, align=4)
+                            with builder.if_then(first):  # lanes 4-7 are otherwise never written
+                                builder.store(zero4f, builder.bitcast(builder.gep(ap, [ir.Constant(_I32, 4)]), v4f.as_pointer()), align=4)
+                    with builder.if_then(builder.icmp_unsigned("!=", builder.and_(n, ir.Constant(i64, 1)), ir.Constant(i64, 0))):
+                        one_token(builder.sub(n, ir.Constant(i64, 1)))  # alone in its pair: partner lanes are zero
+                with spread:
+                    with cgutils.for_range(builder, n) as tl:
+                        one_token(tl.index)
 
         nfull = builder.udiv(nblk, eight)
         with cgutils.for_range(builder, nfull) as gl:
@@ -486,7 +548,7 @@ def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r):
     row_tile_dot_raw8's lane for the same token). Each group of 8 blocks is decoded once for all
     tokens and transposed, so one vpdpbusd per 4-byte group sums 8 whole blocks into 8 lanes.
 
-    xt int8 [n, ceil(k/256)·256]: xq repacked by repack_groups8; xq int8 [n, k] (its shape only);
+    xt int8 [ceil(n/2), ceil(k/256)·512]: xq repacked by repack_groups8; xq int8 [n, k] (its shape only);
     xd float32 [n, k/32]; xs int32 [n, k/32]; acc float32 scratch [>= 8n]. Sizes are not checked:
     the caller guarantees them."""
     _rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r)
@@ -494,16 +556,24 @@ def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r):
 
 @nb.njit(cache=True, nogil=True)
 def repack_groups8(xq, xt):
-    """xt[t, 256G + 32g + 4j + q] = xq[t, 32(8G + j) + 4g + q]: for each group G of 8 blocks,
-    4-byte group g of the 8 blocks side by side (rows_dot8's transposed weights); blocks past the
-    end of the row (a last partial group) are zero. xt int8 [n, ceil(k/256) · 256]."""
+    """Activations in rows_dot8's order: for each group G of 8 blocks, 4-byte group g of the 8
+    blocks side by side (the transposed weights' lanes), tokens in pairs:
+        xt[t // 2, 512G + 64g + 32(t % 2) + 4j + q] = xq[t, 32(8G + j) + 4g + q],
+    except a last group of at most 4 blocks, which packs the pair into one 32-byte vector:
+        xt[t // 2, 512G + 64g + 16(t % 2) + 4j + q] (j < 4).
+    Everything else (blocks past the row's end, an odd last token's partner) is zero.
+    xt int8 [ceil(n/2), ceil(k/256) · 512]."""
     n, k = xq.shape
     nblk = k // 32
-    ngroup = xt.shape[1] // 256
+    ngroup = xt.shape[1] // 512
+    xt[:] = 0
     for t in range(n):
+        p = t // 2
         for grp in range(ngroup):
-            for j in range(8):
+            nb_here = min(8, nblk - grp * 8)
+            h = (t % 2) * (16 if nb_here <= 4 else 32)
+            for j in range(nb_here):
                 b = grp * 8 + j
                 for g in range(8):
                     for q in range(4):
-                        xt[t, grp * 256 + g * 32 + j * 4 + q] = xq[t, b * 32 + g * 4 + q] if b < nblk else np.int8(0)
+                        xt[p, grp * 512 + g * 64 + h + j * 4 + q] = xq[t, b * 32 + g * 4 + q]

@@ -114,6 +114,25 @@ def test_canonical_order_exact():
             np.testing.assert_array_equal(y, ref)
 
 
+def test_gemv_token_pairs_exact():
+    """gemv's last-group paths — token pairs packed into one vector (<= 4 blocks left) or one token
+    per vector (5-7 left) — for even and odd n, match the canonical float order (numpy model, Q8_0)
+    and the gemm bit for bit (Q4_0)."""
+    for k in (96, 160, 224, 416, 640):  # last group: 3, 5, 7, 5, 4 blocks
+        for n in (2, 4, 5, 16):
+            qx = quantize_activations(activations(n, k, seed=n + k))
+            w = random_qtensor(T.Q8_0, 9, k, seed=k)
+            y = np.full((n, 9), np.nan, np.float32)
+            mm.kernels_for(T.Q8_0)[0](w.rows(), *qx, y)
+            np.testing.assert_array_equal(y, _canonical_q8_0(w, *qx), err_msg=f"Q8_0 k={k} n={n}")
+            w = random_qtensor(T.Q4_0, 9, k, seed=k)
+            y1 = np.full((n, 9), np.nan, np.float32)
+            y2 = np.full((n, 9), np.nan, np.float32)
+            mm.kernels_for(T.Q4_0)[0](w.rows(), *qx, y1)
+            tile_gemm(T.Q4_0)(w.rows(), *qx, y2)
+            np.testing.assert_array_equal(y1, y2, err_msg=f"Q4_0 k={k} n={n}")
+
+
 def test_gemm_many_passes():
     """n larger than one pass of token tiles (k=2048 -> 256 tokens a pass) and not a multiple of 16."""
     w = random_qtensor(T.Q8_0, 7, 2048, seed=3)
@@ -152,7 +171,7 @@ def _gemv_portable_and_vnni(w, qx, kind, use_vnni):
     """y [n, m] from simd._rows_dot8 compiled on the chosen codegen path (serial, uncached)."""
     xq = qx[0]
     n, k = xq.shape
-    xt = np.empty((n, ((k // 32 + 7) // 8) * 256), np.int8)
+    xt = np.empty(((n + 1) // 2, ((k // 32 + 7) // 8) * 512), np.int8)
     simd.repack_groups8(xq, xt)
     saved = simd.USE_VNNI
     try:
