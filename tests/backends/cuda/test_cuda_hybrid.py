@@ -2,6 +2,8 @@
 of a tiny model equal the CPU backend's, through edged.offload's plan/apply as `--backend cuda
 --gpu-layers N` uses them."""
 
+import functools
+
 import pytest
 
 from edged.models import load_model
@@ -14,19 +16,21 @@ PROMPT = [5, 17, 42, 9, 7]  # longer than gemma3's tiny window (4): the window i
 N_NEW = 2
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
-def tiny(request, tmp_path_factory):
+@functools.lru_cache(maxsize=None)
+def _tiny(arch: str, tmp: str):
     # two layers and a 64-token vocabulary keep the simulator quick; gemma3's are sliding-window layers
-    path = write_tiny_model(tmp_path_factory.mktemp("m") / "m.gguf", request.param, seed=5, n_layers=2,
-                            vocab=64)
-    gf = load_gguf(path)
+    gf = load_gguf(write_tiny_model(f"{tmp}/{arch}.gguf", arch, seed=5, n_layers=2, vocab=64))
     return gf, greedy(load_model(gf), PROMPT, N_NEW).ids
 
 
-# the simulator runs every CUDA thread as a Python thread: ~1-3 min per case on 2 cores
-@pytest.mark.parametrize("gpu_layers", ["1", "all"])
-def test_split_gives_the_cpu_tokens(tiny, gpu_layers):
-    gf, cpu_ids = tiny
+# the simulator runs every CUDA thread as a Python thread (~5 min a case on 2 cores): the default
+# suite runs llama with 1 of 2 layers on the GPU and gemma3 wholly on it; -m slow adds the others
+@pytest.mark.parametrize("arch,gpu_layers", [
+    ("llama", "1"), ("gemma3", "all"),
+    pytest.param("llama", "all", marks=pytest.mark.slow), pytest.param("gemma3", "1", marks=pytest.mark.slow),
+])
+def test_split_gives_the_cpu_tokens(arch, gpu_layers, tmp_path_factory):
+    gf, cpu_ids = _tiny(arch, str(tmp_path_factory.getbasetemp()))
     model = load_model(gf)
     p = plan(model, "cuda", "99" if gpu_layers == "all" else gpu_layers, kv_tokens=64, batch_tokens=16)
     assert p.backend == "cuda" and p.gpu_layers == (2 if gpu_layers == "all" else 1)
