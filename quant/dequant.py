@@ -52,13 +52,16 @@ def dequantize_rows(qtype, raw: np.ndarray, n_cols: int) -> np.ndarray:
     return out
 
 
-def _row_indices(rows, n_rows: int) -> np.ndarray:
-    idx = np.asarray(rows)
+def checked_indices(idx, n: int, what: str = "row index", where: str = "", plural: str = "") -> np.ndarray:
+    """idx as a 1-D intp array of row indices; ValueError naming the first one outside [0, n)
+    (`what`/`plural` name an index and several in messages, e.g. "token id"; `where` adds context)."""
+    idx = np.asarray(idx)
     if idx.ndim != 1 or not (np.issubdtype(idx.dtype, np.integer) or idx.size == 0):
-        raise ValueError(f"rows must be a 1-D integer array, got {idx.dtype} with shape {list(idx.shape)}")
-    bad = idx[(idx < 0) | (idx >= n_rows)]
+        raise ValueError(f"{plural or what + 's'} must be a 1-D integer array, got {idx.dtype} with shape "
+                         f"{list(idx.shape)}")
+    bad = idx[(idx < 0) | (idx >= n)]
     if bad.size:
-        raise ValueError(f"row index {int(bad[0])} out of range [0, {n_rows})")
+        raise ValueError(f"{what} {int(bad[0])} out of range [0, {n}){where}")
     return idx.astype(np.intp, copy=False)
 
 
@@ -75,5 +78,5 @@ def dequantize(qt: QTensor, rows: slice | np.ndarray | None = None) -> np.ndarra
     if isinstance(rows, slice):
         raw = raw[rows]
     else:
-        raw = raw[_row_indices(rows, qt.n_rows)]
+        raw = raw[checked_indices(rows, qt.n_rows, plural="rows")]
     return dequantize_rows(qt.qtype, raw, qt.n_cols)

@@ -12,6 +12,7 @@ from numba import cuda, float32
 
 from edged.backends.cuda.launch import launch_1d
 from edged.backends.cuda.memory import as_device, is_device
+from edged.quant.dequant import checked_indices
 
 _SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
 _GELU_COEF_A = np.float32(0.044715)
@@ -157,12 +158,7 @@ def take_rows(x, rows):
         raise ValueError("take_rows: x must have at least one dimension")
     n = int(x.shape[0])
     if not is_device(rows):
-        rows = np.asarray(rows)
-        if rows.ndim != 1 or not (np.issubdtype(rows.dtype, np.integer) or rows.size == 0):
-            raise ValueError(f"take_rows: rows must be a 1-D integer array, got {rows.dtype} {rows.shape}")
-        bad = rows[(rows < 0) | (rows >= n)]
-        if bad.size:
-            raise ValueError(f"take_rows: row {int(bad[0])} out of range for {n} rows")
+        rows = checked_indices(rows, n, "take_rows: row")
     rows = as_device(rows, np.int32, "take_rows rows")
     nr = int(rows.shape[0])
     c = int(np.prod(x.shape[1:], dtype=np.int64)) if x.ndim > 1 else 1

@@ -8,6 +8,7 @@ from edged.backends.cuda.dequant import DECODERS, K16
 from edged.backends.cuda.launch import launch_1d
 from edged.backends.cuda.matmul_float import bf16_value, f16_value, f32_value
 from edged.backends.cuda.memory import DeviceMatrix, as_device, is_device
+from edged.quant.dequant import checked_indices
 
 _FLOAT = {T.F32: (f32_value, np.float32), T.F16: (f16_value, np.uint16), T.BF16: (bf16_value, np.uint16)}
 _KERNELS: dict = {}
@@ -66,12 +67,7 @@ def embed(w: DeviceMatrix, ids):
         raise TypeError(f"embed weight must be a DeviceMatrix, got {type(w).__name__}")
     m, k = w.shape
     if not is_device(ids):
-        ids = np.asarray(ids)
-        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-            raise ValueError(f"token ids must be a 1-D integer array, got {ids.dtype} with shape {list(ids.shape)}")
-        bad = ids[(ids < 0) | (ids >= m)]
-        if bad.size:
-            raise ValueError(f"token id {int(bad[0])} out of range for {w.name!r} with {m} rows")
+        ids = checked_indices(ids, m, "token id", f" in {w.name!r}")
     ids = as_device(ids, np.int32, "embed ids")
     if ids.ndim != 1:
         raise ValueError(f"token ids must be 1-D, got shape {tuple(ids.shape)}")
