@@ -19,6 +19,7 @@ Placement and layout (arrays stay in the backend's memory between ops; host nump
     take_rows(x [n, ...], rows int32 [r]) -> [r, ...];  slice_cols(x [n, c], a, b) -> [n, b - a]
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,9 @@ class Batch:
 
     Sequence s owns tokens seq_starts[s]:seq_starts[s+1]; after this step its context holds
     seq_lens[s] tokens whose KV lives in blocks block_tables[s, :ceil(seq_lens[s]/block_size)].
+    When sliding-window layers have their own KV blocks (edged.kv.manager's second group), they
+    read window_block_tables / window_slot_mapping instead, whose entries before a token's window
+    may be -1; None means every layer uses block_tables / slot_mapping.
     """
 
     token_ids: np.ndarray  # int32 [n_tokens]
@@ -51,6 +55,8 @@ class Batch:
     slot_mapping: np.ndarray  # int32 [n_tokens]: block_id * block_size + offset where KV is written
     logits_indices: np.ndarray  # int32 [n_out]: rows of the batch whose logits are returned
     block_size: int = 16
+    window_block_tables: np.ndarray | None = None  # int32 [n_seqs, max_window_blocks] (-1: none)
+    window_slot_mapping: np.ndarray | None = None  # int32 [n_tokens]
 
     @classmethod
     def single(cls, token_ids, start: int, num_blocks: int, block_size: int = 16,
@@ -66,6 +72,13 @@ class Batch:
                    seq_lens=np.array([start + n], dtype=np.int32),
                    block_tables=np.arange(num_blocks, dtype=np.int32)[None, :], slot_mapping=pos.copy(),
                    logits_indices=np.asarray(logits_indices, dtype=np.int32), block_size=block_size)
+
+    def window_view(self) -> "Batch":
+        """The batch as a sliding-window layer reads it: its own tables and slots, if any."""
+        if self.window_block_tables is None:
+            return self
+        return dataclasses.replace(self, block_tables=self.window_block_tables,
+                                   slot_mapping=self.window_slot_mapping)
 
     @property
     def n_tokens(self) -> int:

@@ -183,19 +183,32 @@ class DecoderModel:
         """Sliding-window size of layer i (0 = global attention)."""
         return self.layers[i].window
 
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of float32 K and V one token occupies across all layers."""
-        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
+    @property
+    def kv_window(self) -> int:
+        """The largest sliding window of any layer (0: every layer attends globally): KV blocks
+        before a token's position - kv_window + 1 are never read by a sliding-window layer."""
+        return max((lw.window for lw in self.layers), default=0)
 
-    def allocate_kv(self, num_blocks: int, block_size: int = 16) -> list[LayerKV]:
-        """One paged cache per layer, allocated by that layer's backend."""
+    def kv_bytes_per_token(self, sliding: bool | None = None) -> int:
+        """Bytes of float32 K and V one token occupies across all layers, or across only the
+        sliding-window (sliding=True) or global-attention (sliding=False) layers."""
+        n = sum(1 for lw in self.layers if sliding is None or (lw.window > 0) == sliding)
+        return n * 2 * self.n_kv_heads * self.head_dim * 4
+
+    def allocate_kv(self, num_blocks: int, block_size: int = 16,
+                    window_num_blocks: int | None = None) -> list[LayerKV]:
+        """One paged cache per layer, allocated by that layer's backend; with window_num_blocks
+        the sliding-window layers get that many blocks (their own KV group, see forward)."""
         hp = self.hparams
-        return [ops.allocate_kv(num_blocks, block_size, hp.n_kv_heads, hp.head_dim) for ops in self.layer_ops]
+        return [ops.allocate_kv(window_num_blocks if window_num_blocks and lw.window else num_blocks,
+                                block_size, hp.n_kv_heads, hp.head_dim)
+                for ops, lw in zip(self.layer_ops, self.layers)]
 
     def forward(self, batch: Batch, kv: list[LayerKV]) -> np.ndarray:
         """Run one flat batch; returns float32 host logits [len(batch.logits_indices), vocab].
 
-        Writes this step's K/V into `kv` at batch.slot_mapping before attending.
+        Writes this step's K/V into `kv` at batch.slot_mapping before attending; sliding-window
+        layers use batch.window_block_tables / window_slot_mapping instead when the batch has them.
         """
         if len(kv) != len(self.layers):
             raise ModelError(f"{len(kv)} KV caches for {len(self.layers)} layers")
@@ -207,14 +220,15 @@ class DecoderModel:
         x = ops.embed(self.token_embd, batch.token_ids)  # [n, n_embd]
         if self.embed_scale is not None:
             x = ops.scale(x, self.embed_scale, out=x)
-        prepared = {}  # backend id -> this step's metadata in that backend's memory
+        prepared = {}  # backend id -> this step's metadata in that backend's memory, per layer kind
         last = len(self.layers) - 1
         for i, layer in enumerate(self._run_layers):
             ops, x = self._move(ops, self.layer_ops[i], x)
-            b = prepared.get(id(ops))
-            if b is None:
-                b = prepared[id(ops)] = ops.prepare_batch(batch)
-            x = self._layer(ops, layer, x, b, kv[i], rows if i == last else None)
+            views = prepared.get(id(ops))
+            if views is None:
+                b = ops.prepare_batch(batch)
+                views = prepared[id(ops)] = (b, b.window_view())  # global, sliding-window layers
+            x = self._layer(ops, layer, x, views[layer.window > 0], kv[i], rows if i == last else None)
         ops, x = self._move(ops, self.output_ops, x)
         if x.shape[0] == 0:
             return np.empty((0, self.vocab_size), dtype=np.float32)

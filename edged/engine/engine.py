@@ -19,6 +19,7 @@ from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
 from edged.engine.scheduler import Scheduler
+from edged.engine.sizing import kv_layout, window_blocks_per_request
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
@@ -30,19 +31,23 @@ log = logging.getLogger("edged.engine")
 
 @dataclass
 class EngineConfig:
-    num_blocks: int
+    num_blocks: int  # full-attention layers' pool (every layer's when there is one KV group)
     block_size: int = 16
     max_batch_tokens: int = 512
     max_seqs: int = 16
     enable_prefix_cache: bool = True
     max_model_len: int | None = None
+    # sliding-window layers' pool; None: room for max_seqs running requests (sizing.plan_kv)
+    window_num_blocks: int | None = None
+    # False: sliding-window layers share the full layers' blocks and keep all of them (one group)
+    free_window_blocks: bool = True
 
 
 @dataclass
 class EngineStats:
     running: int
     waiting: int
-    blocks_total: int
+    blocks_total: int  # the main (full-attention) pool's blocks
     blocks_used: int
     blocks_cached_free: int
     blocks_free: int
@@ -53,6 +58,14 @@ class EngineStats:
     prompt_tokens: int
     generated_tokens: int
     tokens_in_kv: int
+    # the sliding-window layers' pool (zeros when there is one KV group)
+    window_blocks_total: int = 0
+    window_blocks_used: int = 0
+    window_blocks_cached_free: int = 0
+    window_blocks_free: int = 0
+    window_tokens_in_kv: int = 0  # tokens that pool must hold: min(computed, window - 1) per request
+    kv_bytes_used: int = 0  # bytes of the blocks held by requests, both pools
+    kv_bytes_needed: int = 0  # bytes the held tokens need: tokens per pool x its bytes per token
 
 
 class _Live:
@@ -72,11 +85,9 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_cache)
-        self.kv = KVCacheManager(self.pool)
+        self._init_kv(model, config)
         self.scheduler = Scheduler(self.kv, config.max_batch_tokens, config.max_seqs,
                                    config.max_model_len or model.context_length)
-        self.kv_cache = model.allocate_kv(config.num_blocks, config.block_size)
         self.sampler = Sampler()
         sampling_kernels.warm_up()  # compiled now, not inside the first sampled request's step
         self._live: dict[str, _Live] = {}
@@ -90,6 +101,26 @@ class Engine:
         self._last_step_s = 0.0
         self._prompt_tokens = 0
         self._generated_tokens = 0
+
+    def _init_kv(self, model, config: EngineConfig) -> None:
+        """The KV pools and the model's caches: one group, or a full-attention group plus a
+        sliding-window group whose blocks are freed as requests move past the window."""
+        bs = config.block_size
+        self.layout = kv_layout(model, config.free_window_blocks)
+        self.pool = BlockPool(config.num_blocks, bs, config.enable_prefix_cache)
+        self.window_pool = None
+        per_request = window_blocks_per_request(self.layout.window, bs, config.max_batch_tokens)
+        if self.layout.two_groups:
+            window_blocks = config.window_num_blocks or config.max_seqs * per_request
+            self.window_pool = BlockPool(window_blocks, bs, config.enable_prefix_cache)
+            self.kv_cache = model.allocate_kv(config.num_blocks, bs, window_num_blocks=window_blocks)
+        else:
+            self.kv_cache = model.allocate_kv(config.num_blocks, bs)
+        sliding = self.window_pool or (self.pool if self.layout.window else None)
+        if sliding is not None and sliding.num_blocks < per_request:
+            raise ValueError(f"a sliding-window pool of {sliding.num_blocks} blocks cannot hold one "
+                             f"request's window and step ({per_request} blocks)")
+        self.kv = KVCacheManager(self.pool, self.layout.window, self.window_pool)
 
     # -- public, any thread -----------------------------------------------------------------
     def start(self) -> "Engine":
@@ -136,14 +167,24 @@ class Engine:
         self._wake.set()
 
     def stats(self) -> EngineStats:
-        s, p = self.scheduler, self.pool
+        s, p, w, lay = self.scheduler, self.pool, self.window_pool, self.layout
+        computed = [r.num_computed_tokens for r in s.running]
+        windowed = sum(min(c, lay.window - 1) for c in computed) if lay.window else 0  # sliding layers keep
+        tokens = windowed if lay.window and not lay.two_groups else sum(computed)
+        window_tokens = windowed if w is not None else 0
+        bpt, window_bpt = lay.bytes_per_token, lay.window_bytes_per_token
+        window_used = w.num_used if w is not None else 0
         return EngineStats(
             running=len(s.running), waiting=len(s.waiting), blocks_total=p.num_blocks,
             blocks_used=p.num_used, blocks_cached_free=p.num_cached_free, blocks_free=p.num_free,
             prefix_hit_rate=self.kv.prefix_hit_rate, preemptions=s.num_preemptions,
             steps=self._steps, last_step_s=self._last_step_s, prompt_tokens=self._prompt_tokens,
-            generated_tokens=self._generated_tokens,
-            tokens_in_kv=sum(r.num_computed_tokens for r in s.running))
+            generated_tokens=self._generated_tokens, tokens_in_kv=tokens,
+            window_blocks_total=w.num_blocks if w is not None else 0, window_blocks_used=window_used,
+            window_blocks_cached_free=w.num_cached_free if w is not None else 0,
+            window_blocks_free=w.num_free if w is not None else 0, window_tokens_in_kv=window_tokens,
+            kv_bytes_used=p.block_size * (p.num_used * bpt + window_used * window_bpt),
+            kv_bytes_needed=tokens * bpt + window_tokens * window_bpt)
 
     def generate(self, prompt_ids, params: SamplingParams) -> list[Delta]:
         """Blocking convenience: run one request to completion (engine must be started)."""

@@ -22,6 +22,10 @@ def build_batch(step: ScheduledStep, kv: KVCacheManager) -> tuple[Batch, list[in
     seq_lens = np.empty(n_seqs, dtype=np.int32)  # [n_seqs]
     max_blocks = max((len(kv.table(r.request_id)) for r, _ in step.items), default=1)
     block_tables = np.full((n_seqs, max(max_blocks, 1)), -1, dtype=np.int32)  # [n_seqs, max_blocks]
+    windowed = kv.window_pool is not None
+    if windowed:  # the sliding-window layers' group: same width, -1 before each window
+        window_tables = np.full_like(block_tables, -1)  # [n_seqs, max_blocks]
+        window_slots = np.empty(n_tokens, dtype=np.int32)  # [n_tokens]
     logits_rows: list[int] = []
     samplers: list[int] = []
     t = 0
@@ -33,6 +37,10 @@ def build_batch(step: ScheduledStep, kv: KVCacheManager) -> tuple[Batch, list[in
         token_ids[t : t + n] = req.token_ids[start : start + n]
         positions[t : t + n] = pos
         slot_mapping[t : t + n] = block_tables[s, pos // bs] * bs + pos % bs
+        if windowed:
+            wtable = kv.window_table(req.request_id)
+            window_tables[s, : len(wtable)] = wtable
+            window_slots[t : t + n] = window_tables[s, pos // bs] * bs + pos % bs
         seq_lens[s] = start + n
         t += n
         seq_starts[s + 1] = t
@@ -41,5 +49,7 @@ def build_batch(step: ScheduledStep, kv: KVCacheManager) -> tuple[Batch, list[in
             samplers.append(s)
     batch = Batch(token_ids=token_ids, positions=positions, seq_starts=seq_starts, seq_lens=seq_lens,
                   block_tables=block_tables, slot_mapping=slot_mapping,
-                  logits_indices=np.asarray(logits_rows, dtype=np.int32), block_size=bs)
+                  logits_indices=np.asarray(logits_rows, dtype=np.int32), block_size=bs,
+                  window_block_tables=window_tables if windowed else None,
+                  window_slot_mapping=window_slots if windowed else None)
     return batch, samplers

@@ -8,6 +8,7 @@ recompute: its blocks are freed and it waits at the front of the queue with its 
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass
 
@@ -47,9 +48,10 @@ class Scheduler:
     # -- queue management --------------------------------------------------------------------
     @property
     def max_len(self) -> int:
-        """Most tokens (prompt + output) one request may hold: the pool's or the context's size."""
-        capacity = self.kv.pool.num_blocks * self.kv.block_size
-        return min(capacity, self.max_model_len or capacity)
+        """Most tokens (prompt + output) one request may hold: the full-attention pool's or the
+        context's size (a sliding-window pool is sized per step, never per context)."""
+        limits = [n for n in (self.kv.capacity_tokens, self.max_model_len) if n]
+        return min(limits) if limits else sys.maxsize
 
     def check_admissible(self, req: Request) -> None:
         """Raise AdmissionError for a request that could never be served."""
@@ -132,7 +134,9 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def update(self, step: ScheduledStep) -> None:
-        """After the forward pass: advance computed counts and cache the now-full blocks."""
+        """After the forward pass: advance computed counts, cache the now-full blocks, and release
+        the sliding-window blocks no later token reads (cached first, so they stay reusable)."""
         for req, n in step.items:
             req.num_computed_tokens += n
             self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
+            self.kv.free_outside_window(req.request_id, req.num_computed_tokens)

@@ -1,9 +1,10 @@
 """How many KV blocks to allocate: from --kv-memory (bytes or a fraction of free RAM) or
---ctx x --max-seqs."""
+--ctx x --max-seqs; a model with sliding-window layers gets a second, small pool for those."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 1e12, "tb": 1e12}
@@ -48,3 +49,84 @@ def plan_num_blocks(bytes_per_token: int, block_size: int, *, kv_memory: str | N
     if ctx < 1 or max_seqs < 1:
         raise ValueError("ctx and max_seqs must be >= 1")
     return -(-ctx * max_seqs // block_size)
+
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How a model's layers split into KV groups (edged.kv.manager): a main group, and for a
+    model mixing global and sliding-window layers, a second group for the sliding ones."""
+
+    window: int  # window by which old blocks are freed (0: none, every block is kept)
+    bytes_per_token: int  # K and V bytes per token of the main group's layers
+    window_bytes_per_token: int = 0  # of the second group's layers (0: no second group)
+
+    @property
+    def two_groups(self) -> bool:
+        return self.window_bytes_per_token > 0
+
+
+def kv_layout(model, free_window_blocks: bool = True) -> KVLayout:
+    """The model's KV groups: one for a model without sliding-window layers (or with
+    free_window_blocks=False), one sliding group when every layer is sliding, else two."""
+    window = getattr(model, "kv_window", 0) if free_window_blocks else 0  # stand-in models have none
+    if not window:
+        return KVLayout(0, model.kv_bytes_per_token())
+    full, sliding = model.kv_bytes_per_token(sliding=False), model.kv_bytes_per_token(sliding=True)
+    return KVLayout(window, full, sliding) if full else KVLayout(window, sliding)
+
+
+def window_blocks_per_request(window: int, block_size: int, max_batch_tokens: int) -> int:
+    """Most sliding-window blocks one running request holds during a step: the window-1 keys
+    before its first new token plus up to max_batch_tokens new ones, one block of misalignment."""
+    return -(-(window - 1 + max_batch_tokens) // block_size) + 1
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """Block counts of the KV pools."""
+
+    layout: KVLayout
+    block_size: int
+    num_blocks: int  # the main group's pool
+    window_num_blocks: int | None = None  # the second group's pool (None: one group)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K and V the pools allocate."""
+        return self.block_size * (self.num_blocks * self.layout.bytes_per_token
+                                  + (self.window_num_blocks or 0) * self.layout.window_bytes_per_token)
+
+    def describe(self) -> str:
+        """'N blocks x bs tokens (X MiB)' for the log, both pools when there are two."""
+        bs, lay = self.block_size, self.layout
+        kind = "sliding-window" if lay.window and not lay.two_groups else "full-attention" if lay.two_groups else "all"
+        text = (f"{self.num_blocks} blocks x {bs} tokens ({kind} layers, "
+                f"{self.num_blocks * bs * lay.bytes_per_token / 2**20:.0f} MiB)")
+        if self.window_num_blocks:
+            text += (f" + {self.window_num_blocks} blocks (sliding-window layers, window {lay.window}, "
+                     f"{self.window_num_blocks * bs * lay.window_bytes_per_token / 2**20:.0f} MiB)")
+        return text
+
+
+def plan_kv(model, block_size: int, *, kv_memory: str | None = None, ctx: int = 4096,
+            max_seqs: int = 16, max_batch_tokens: int = 512, free_window_blocks: bool = True) -> KVPlan:
+    """The pools for `model`. Sliding-window layers get room for max_seqs running requests
+    (they never limit admission); full-attention layers get ctx x max_seqs tokens, or what the
+    --kv-memory budget leaves after the sliding-window pool."""
+    lay = kv_layout(model, free_window_blocks)
+    if not lay.window:
+        return KVPlan(lay, block_size, plan_num_blocks(lay.bytes_per_token, block_size, kv_memory=kv_memory,
+                                                       ctx=ctx, max_seqs=max_seqs))
+    window_blocks = max_seqs * window_blocks_per_request(lay.window, block_size, max_batch_tokens)
+    if not lay.two_groups:  # every layer is sliding: the window pool is the only one
+        return KVPlan(lay, block_size, window_blocks)
+    if kv_memory is not None:
+        window_bytes = window_blocks * block_size * lay.window_bytes_per_token
+        left = parse_memory(kv_memory) - window_bytes
+        if left < lay.bytes_per_token * block_size:
+            raise ValueError(f"--kv-memory {kv_memory} leaves no room for a full-attention block after "
+                             f"the sliding-window pool ({window_bytes / 2**20:.0f} MiB)")
+        kv_memory = str(left)
+    return KVPlan(lay, block_size, plan_num_blocks(lay.bytes_per_token, block_size, kv_memory=kv_memory,
+                                                   ctx=ctx, max_seqs=max_seqs), window_blocks)

@@ -1,0 +1,233 @@
+"""Sliding-window KV group: blocks before the window are freed step by step (exact block ids),
+prefix hits need only the window's blocks, and greedy outputs match a single-pool engine."""
+
+import numpy as np
+import pytest
+
+from edged.engine.engine import Engine, EngineConfig
+from edged.engine.request import Request
+from edged.engine.scheduler import Scheduler
+from edged.engine.sizing import kv_layout, plan_kv, window_blocks_per_request
+from edged.kv.block_pool import BlockPool
+from edged.kv.manager import KVCacheManager
+from edged.models import load_model
+from edged.quant import load_gguf
+from edged.sampling import SamplingParams
+from edged.tokenizer import Tokenizer
+from tests.helpers.tiny_models import write_tiny_model
+
+W, BS = 8, 4  # window and block size of the block-accounting tests
+
+
+def _manager(full_blocks=16, window_blocks=8):
+    full, window = BlockPool(full_blocks, BS), BlockPool(window_blocks, BS)
+    return KVCacheManager(full, W, window), full, window
+
+
+def _assert_all_free(*pools):
+    for p in pools:
+        assert p.num_free == p.num_blocks and not any(p.ref_counts)
+
+
+def test_window_blocks_freed_step_by_step_exact_ids():
+    kv, full, window = _manager()
+    s = Scheduler(kv, max_batch_tokens=4, max_seqs=1)
+    req = Request("a", list(range(100, 114)), max_tokens=6)  # 14 prompt tokens
+    s.add(req)
+    seen = []  # (computed tokens, full table, window table) after each step
+    while req.num_output_tokens < req.max_tokens:
+        step = s.schedule()
+        s.update(step)
+        if req.num_computed_tokens == req.num_tokens:
+            req.token_ids.append(7)
+        seen.append((req.num_computed_tokens, list(kv.table("a")), list(kv.window_table("a"))))
+    # block i is released once (i+1)*4 <= computed - 8 + 1, oldest first; full blocks stay
+    assert seen == [
+        (4, [0], [0]),
+        (8, [0, 1], [0, 1]),
+        (12, [0, 1, 2], [-1, 1, 2]),
+        (14, [0, 1, 2, 3], [-1, 1, 2, 3]),  # block 3: the freed 0 went to the back of the queue
+        (15, [0, 1, 2, 3], [-1, -1, 2, 3]),
+        (16, [0, 1, 2, 3], [-1, -1, 2, 3]),
+        (17, [0, 1, 2, 3, 4], [-1, -1, 2, 3, 4]),
+        (18, [0, 1, 2, 3, 4], [-1, -1, 2, 3, 4]),
+        (19, [0, 1, 2, 3, 4], [-1, -1, -1, 3, 4]),
+    ]
+    assert window.num_used == 2 and full.num_used == 5
+    s.finish(req, "length")
+    _assert_all_free(full, window)
+    # freed blocks kept their prefix hashes: blocks 0-3 hold the 4 full blocks in both pools
+    assert full.num_cached_free == 4 and window.num_cached_free == 4
+
+
+def _run_prompt(kv, rid, prompt):
+    """Compute a whole prompt in one step as the scheduler would, then finish the request."""
+    assert kv.claim_cached_prefix(rid, prompt) == 0
+    assert kv.allocate(rid, len(prompt))
+    kv.cache_full_blocks(rid, prompt, len(prompt))
+    kv.free_outside_window(rid, len(prompt))
+    kv.free(rid)
+
+
+P = list(range(200, 225))  # 25 tokens: 6 full blocks + 1
+
+
+def test_prefix_hit_needs_only_the_window_blocks():
+    kv, full, window = _manager()
+    _run_prompt(kv, "a", P)
+    # window pool free queue: 7, then 0-3 (freed by the window), then 6, 5, 4 (freed tail first)
+    assert kv.allocate("x", 20)  # 5 window blocks: 7, 0, 1, 2, 3 -> the early blocks' hashes go
+    assert kv.window_table("x") == [7, 0, 1, 2, 3]
+    assert kv.claim_cached_prefix("b", P + [99]) == 24  # the window of a 24-token hit: blocks 4, 5
+    assert kv.table("b") == [0, 1, 2, 3, 4, 5]
+    assert kv.window_table("b") == [-1, -1, -1, -1, 4, 5]
+    assert kv.allocate("b", 26)
+    kv.free("b")
+    kv.free("x")
+    _assert_all_free(full, window)
+
+
+def test_prefix_hit_shortened_when_window_blocks_were_evicted():
+    kv, full, window = _manager()
+    _run_prompt(kv, "a", P)
+    assert kv.claim_cached_prefix("r", P[:8] + [1000]) == 8  # holds window blocks 0 and 1
+    assert kv.window_table("r") == [0, 1]
+    assert kv.allocate("x", 20)  # evicts the window pool's 7, 2, 3, 6, 5: only 4 stays cached
+    assert kv.window_table("x") == [7, 2, 3, 6, 5]
+    # the full pool has 24 tokens, but no window ending at 24, 20, 16 or 12 is complete: the
+    # longest one is blocks 0-1 (an 8-token hit)
+    assert kv.claim_cached_prefix("b", P + [99]) == 8
+    assert kv.table("b") == [0, 1] and kv.window_table("b") == [0, 1]
+    assert window.ref_counts[0] == 2 and full.ref_counts[2] == 0
+    for rid in ("b", "x", "r"):
+        kv.free(rid)
+    _assert_all_free(full, window)
+
+
+def test_allocation_fails_when_either_group_is_short():
+    kv, full, window = _manager(full_blocks=16, window_blocks=3)
+    assert not kv.allocate("a", 16)  # 4 blocks: the window pool has 3
+    assert kv.table("a") == [] and kv.window_table("a") == [] and full.num_free == 16
+    assert kv.allocate("a", 12)
+    kv.free("a")
+    _assert_all_free(full, window)
+
+
+# -- engine on a tiny Gemma 3 (5 sliding layers of window 8, 1 global) ---------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("swa") / "m.gguf", "gemma3", sliding_window=W)
+    gf = load_gguf(path)
+    return load_model(gf), Tokenizer.from_gguf(gf)
+
+
+def _engine(tiny, **cfg):
+    model, tok = tiny
+    config = EngineConfig(**{"num_blocks": 256, "block_size": BS, "max_batch_tokens": 16,
+                             "max_seqs": 16, **cfg})
+    return Engine(model, tok, config).start()
+
+
+def _params(n):
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def _ids(deltas):
+    assert deltas[-1].finish_reason == "length", deltas[-1]
+    return [d.token_id for d in deltas]
+
+
+def _prompts(vocab, n, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(4, vocab, size=int(rng.integers(1, 40))).tolist() for _ in range(n)]
+
+
+def _assert_clean(eng):
+    st = eng.stats()
+    assert st.running == 0 and st.waiting == 0
+    assert st.blocks_free == st.blocks_total and st.window_blocks_free == st.window_blocks_total
+
+
+def test_tiny_model_has_two_groups(tiny):
+    model, _ = tiny
+    lay = kv_layout(model)
+    assert (lay.window, lay.bytes_per_token * 6, lay.window_bytes_per_token * 6) == (
+        W, model.kv_bytes_per_token(), model.kv_bytes_per_token() * 5)
+    assert not kv_layout(model, free_window_blocks=False).two_groups
+    plan = plan_kv(model, BS, ctx=64, max_seqs=2, max_batch_tokens=16)
+    assert (plan.num_blocks, plan.window_num_blocks) == (32, 2 * window_blocks_per_request(W, BS, 16))
+    kv = model.allocate_kv(32, BS, window_num_blocks=plan.window_num_blocks)
+    assert [c.k.shape[0] for c in kv] == [plan.window_num_blocks] * 5 + [32]
+
+
+def test_greedy_same_with_and_without_freeing(tiny):
+    prompts = _prompts(tiny[0].vocab_size, 4, seed=3)
+    on = _engine(tiny, max_seqs=4)
+    off = _engine(tiny, max_seqs=4, free_window_blocks=False)
+    try:
+        assert on.window_pool is not None and off.window_pool is None
+        # 40 generated tokens: far past the 8-token window
+        ref = [_ids(off.generate(p, _params(40))) for p in prompts]
+        got = [_ids(on.generate(p, _params(40))) for p in prompts]
+        assert got == ref
+        _assert_clean(on)
+        _assert_clean(off)
+    finally:
+        on.stop()
+        off.stop()
+
+
+def test_window_pool_of_one_request_serves_a_long_generation(tiny):
+    # without freeing, 80 tokens would need 20 blocks; the window pool has 4 + 2 (8 + 16 - 1 keys)
+    per_request = window_blocks_per_request(W, BS, 16)
+    eng = _engine(tiny, max_seqs=1, window_num_blocks=per_request)
+    try:
+        out = _ids(eng.generate(list(range(5, 35)), _params(50)))
+        assert len(out) == 50 and eng.stats().preemptions == 0
+        _assert_clean(eng)
+    finally:
+        eng.stop()
+    with pytest.raises(ValueError, match="cannot hold one request"):
+        _engine(tiny, max_seqs=1, window_num_blocks=per_request - 1)
+
+
+def test_preemption_with_freeing_gives_identical_outputs(tiny):
+    prompts = _prompts(tiny[0].vocab_size, 6, seed=1)
+    big = _engine(tiny, free_window_blocks=False)
+    small = _engine(tiny, num_blocks=24)  # 96 full-attention slots for 6 x (<= 40 + 20)
+    try:
+        ref = [_ids(big.generate(p, _params(20))) for p in prompts]
+        got = [_ids(list(s)) for s in [small.add_request(p, _params(20)) for p in prompts]]
+        assert got == ref
+        assert small.stats().preemptions > 0
+        _assert_clean(small)
+    finally:
+        big.stop()
+        small.stop()
+
+
+def test_sixteen_mixed_requests_batched_equal_alone_with_freeing(tiny):
+    prompts = _prompts(tiny[0].vocab_size, 16, seed=0)
+    eng = _engine(tiny)
+    try:
+        alone = [_ids(eng.generate(p, _params(12))) for p in prompts]
+        together = [_ids(list(s)) for s in [eng.add_request(p, _params(12)) for p in prompts]]
+        assert together == alone
+        _assert_clean(eng)
+    finally:
+        eng.stop()
+
+
+def test_prefix_hit_with_freed_window_blocks_same_output(tiny):
+    eng = _engine(tiny)
+    try:
+        prompt = list(range(5, 42))  # 37 tokens: 9 full blocks, most out of the window when done
+        a = _ids(eng.generate(prompt, _params(6)))
+        hits0 = eng.kv.prefix_hits
+        b = _ids(eng.generate(prompt, _params(6)))
+        assert eng.kv.prefix_hits - hits0 == 36
+        assert a == b
+        _assert_clean(eng)
+    finally:
+        eng.stop()
