@@ -12,6 +12,7 @@ import numpy as np
 
 from edged.bench_serve import percentiles
 from edged.engine.engine import Engine, EngineConfig
+from edged.engine.sizing import plan_kv
 from edged.sampling import SamplingParams
 
 
@@ -51,9 +52,9 @@ def _consume(stream, t0: float, out: list, idx: int) -> None:
 
 def make_engine(lm, *, max_seqs: int, ctx: int, block_size: int = 16, max_batch_tokens: int = 512,
                 prefix_cache: bool = True) -> Engine:
-    cfg = EngineConfig(num_blocks=-(-ctx * max_seqs // block_size), block_size=block_size,
-                       max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
-                       enable_prefix_cache=prefix_cache)
+    kv = plan_kv(lm.model, block_size, ctx=ctx, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)
+    cfg = EngineConfig.from_plan(kv, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
+                                 enable_prefix_cache=prefix_cache)
     return Engine(lm.model, lm.tokenizer, cfg).start()
 
 
@@ -63,12 +64,12 @@ def run_concurrent(engine: Engine, prompts: list[list[int]], gen: int) -> dict:
     ratios: list[float] = []
     done = threading.Event()
 
-    def watch():  # KV bytes in use / bytes the stored tokens need, sampled while running
-        bs = engine.pool.block_size
+    def watch():  # KV bytes in use / bytes the held tokens need (per pool: all tokens for the
+        # full-attention layers, the last window - 1 for sliding-window ones), sampled while running
         while not done.is_set():
             st = engine.stats()
-            if st.tokens_in_kv > 0:
-                ratios.append(st.blocks_used * bs / st.tokens_in_kv)
+            if st.kv_bytes_needed > 0:
+                ratios.append(st.kv_bytes_used / st.kv_bytes_needed)
             time.sleep(0.005)
 
     w = threading.Thread(target=watch, daemon=True)

@@ -34,6 +34,7 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
             logprobs, chat, chat_template, as_json, ctx, backend, gpu_layers):
     """Generate a continuation of a prompt."""
     from edged.engine.engine import Engine, EngineConfig
+    from edged.engine.sizing import plan_kv
     from edged.loader import load
     from edged.sampling import SamplingParams
 
@@ -51,9 +52,8 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
     else:
         text = lm.chat.render([{"role": "user", "content": prompt}]) if chat else prompt
         ids = tok.encode(text, add_special=True, parse_special=True)
-    block = 16
-    engine = Engine(lm.model, tok, EngineConfig(num_blocks=-(-ctx // block), block_size=block,
-                                                max_batch_tokens=512, max_seqs=1)).start()
+    kv = plan_kv(lm.model, 16, ctx=ctx, max_seqs=1, max_batch_tokens=512)
+    engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1)).start()
     try:
         t0 = time.perf_counter()
         stream = engine.add_request(ids, params)

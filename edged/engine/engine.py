@@ -19,7 +19,7 @@ from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
 from edged.engine.scheduler import Scheduler
-from edged.engine.sizing import kv_layout, window_blocks_per_request
+from edged.engine.sizing import KVPlan, kv_layout, window_blocks_per_request
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
@@ -41,6 +41,12 @@ class EngineConfig:
     window_num_blocks: int | None = None
     # False: sliding-window layers share the full layers' blocks and keep all of them (one group)
     free_window_blocks: bool = True
+
+    @classmethod
+    def from_plan(cls, plan: KVPlan, **settings) -> "EngineConfig":
+        """The pools of `plan` (edged.engine.sizing.plan_kv) with the other settings given."""
+        return cls(num_blocks=plan.num_blocks, window_num_blocks=plan.window_num_blocks,
+                   block_size=plan.block_size, **settings)
 
 
 @dataclass

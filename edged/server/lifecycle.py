@@ -43,7 +43,6 @@ class ServerState:
     def load(self) -> None:
         """Load the model and start the engine (blocking; run in a thread at startup)."""
         from edged.engine.engine import Engine, EngineConfig
-        from edged.engine.sizing import plan_num_blocks
         from edged.loader import load
 
         c = self.config
@@ -54,41 +53,40 @@ class ServerState:
             # compile the tokenizer's JIT paths now, not in the first client's request
             lm.tokenizer.encode(lm.chat.render([{"role": "user", "content": "warm up ✓"}]))
             self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path),
-                        engine_cls=Engine, engine_config_cls=EngineConfig,
-                        plan=plan_num_blocks)
+                        engine_cls=Engine, engine_config_cls=EngineConfig)
         except Exception as e:  # reported on /health and in the log; the process exits 1
             log.error("loading failed: %s", e)
             self.error = f"{type(e).__name__}: {e}"
             self.status = FAILED
 
     def _kv_tokens(self, model) -> int:
-        """Tokens the KV pool will hold (what GPU layers must reserve device memory for)."""
-        from edged.engine.sizing import plan_num_blocks
+        """Tokens a layer's KV pool will hold (what GPU layers must reserve device memory for):
+        the larger pool's, when sliding-window layers have their own."""
+        plan = self._plan_kv(model)
+        return max(plan.num_blocks, plan.window_num_blocks or 0) * plan.block_size
+
+    def _plan_kv(self, model):
+        """The KV pools this server's options give `model` (edged.engine.sizing.plan_kv)."""
+        from edged.engine.sizing import plan_kv
 
         c = self.config
-        ctx = min(c.ctx, model.context_length)
-        return plan_num_blocks(model.kv_bytes_per_token(), c.block_size, kv_memory=c.kv_memory,
-                               ctx=ctx, max_seqs=c.max_seqs) * c.block_size
+        return plan_kv(model, c.block_size, kv_memory=c.kv_memory, ctx=min(c.ctx, model.context_length),
+                       max_seqs=c.max_seqs, max_batch_tokens=c.max_batch_tokens)
 
     def attach(self, model, tokenizer, chat, model_path: str, *, engine_cls=None,
-               engine_config_cls=None, plan=None) -> None:
+               engine_config_cls=None) -> None:
         """Start an engine over an already-loaded model and mark the server ready."""
         if engine_cls is None:
             from edged.engine.engine import Engine as engine_cls
             from edged.engine.engine import EngineConfig as engine_config_cls
-            from edged.engine.sizing import plan_num_blocks as plan
         c = self.config
         ctx = min(c.ctx, model.context_length)
-        num_blocks = plan(model.kv_bytes_per_token(), c.block_size, kv_memory=c.kv_memory,
-                          ctx=ctx, max_seqs=c.max_seqs)
-        ecfg = engine_config_cls(num_blocks=num_blocks, block_size=c.block_size,
-                                 max_batch_tokens=c.max_batch_tokens, max_seqs=c.max_seqs,
-                                 enable_prefix_cache=c.prefix_cache, max_model_len=ctx)
+        kv = self._plan_kv(model)
+        ecfg = engine_config_cls.from_plan(kv, max_batch_tokens=c.max_batch_tokens, max_seqs=c.max_seqs,
+                                           enable_prefix_cache=c.prefix_cache, max_model_len=ctx)
         self.engine = engine_cls(model, tokenizer, ecfg).start()
         self.tokenizer, self.chat, self.model_path = tokenizer, chat, model_path
-        log.info("KV pool: %d blocks x %d tokens (%.0f MiB); context %d tokens, %d sequences",
-                 num_blocks, c.block_size, num_blocks * c.block_size * model.kv_bytes_per_token()
-                 / 2**20, ctx, c.max_seqs)
+        log.info("KV pool: %s; context %d tokens, %d sequences", kv.describe(), ctx, c.max_seqs)
         if self.status == LOADING:  # a signal during loading already started the drain
             self.status = READY
         if self.on_ready is not None:

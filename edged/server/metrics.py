@@ -53,6 +53,17 @@ class _EngineCollector:
                     s.blocks_free)
         yield gauge("edged_kv_blocks_cached", "Free KV blocks still holding a reusable prefix.",
                     s.blocks_cached_free)
+        # the sliding-window layers' own pool (all zero for a model without one)
+        yield gauge("edged_kv_window_blocks_total", "KV blocks in the sliding-window layers' pool.",
+                    s.window_blocks_total)
+        yield gauge("edged_kv_window_blocks_used", "Sliding-window KV blocks held by requests.",
+                    s.window_blocks_used)
+        yield gauge("edged_kv_window_blocks_free", "Sliding-window KV blocks not held by any request "
+                    "(cached included).", s.window_blocks_free)
+        yield gauge("edged_kv_window_blocks_cached", "Free sliding-window KV blocks still holding a "
+                    "reusable prefix.", s.window_blocks_cached_free)
+        yield gauge("edged_kv_bytes_used", "Bytes of the KV blocks held by requests, all pools.",
+                    s.kv_bytes_used)
         yield gauge("edged_prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix "
                     "cache.", s.prefix_hit_rate)
 
