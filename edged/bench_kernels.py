@@ -5,6 +5,11 @@ bandwidth and numpy's BLAS, measured in the same run (used by bench/kernels.py a
 For each type: the default model's largest tensor of that type, or a synthesized random tensor
 (edged.quant.synth) of the model's largest layer-matrix shape for types the file lacks. Times are
 medians of `repeat` runs of the public `matmul` (activation quantization included).
+
+Each tensor is timed twice: "hot", the same weights every call (a small tensor then sits in cache),
+and "as in a forward pass", cycling through copies whose total exceeds twice the last-level cache,
+so every call reads its weights from DRAM as a decode step does (the model's weights are far
+larger than the cache, and each tensor is read once per step).
 """
 
 import time
@@ -17,6 +22,34 @@ from edged.quant.types import SUPPORTED_TYPES
 
 N_BATCH = 16
 DEFAULT_BW_BYTES = 1 << 30  # streaming buffer: far larger than the 32 MiB L3
+MAX_COPIES = 256  # cap on the copies of a small tensor cycled through for the forward-pass timing
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (sysfs), or 32 MiB when the OS does not say."""
+    import glob
+
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            txt = open(path).read().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+        digits = txt.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * mult)
+    return best or 32 << 20
+
+
+def dram_copies(w, cache_bytes: int | None = None) -> list:
+    """Copies of w totalling at least twice the last-level cache (w itself when it is that large):
+    cycling through them makes every call stream its weights from DRAM."""
+    from edged.quant.tensor import QTensor
+
+    need = 2 * (cache_bytes or last_level_cache_bytes())
+    n = min(MAX_COPIES, max(1, -(-need // max(1, w.data.nbytes))))
+    return [w] + [QTensor(w.name, w.qtype, w.shape, w.data.copy()) for _ in range(n - 1)]
 
 
 @nb.njit(nogil=True, cache=True, fastmath=True)
@@ -82,6 +115,11 @@ class KernelRow:
     bw_frac_n1: float | None = None  # gbs_n1 / streaming bandwidth
     cols_ratio: float | None = None  # token-columns/s at n=16 over n=1
     blas_ratio: float | None = None  # BLAS time / our time at n=16 (> 1: we are faster)
+    # as in a forward pass: weights streamed from DRAM (see dram_copies)
+    ms_n1_dram: float | None = None
+    bw_frac_n1_dram: float | None = None
+    ms_n16_dram: float | None = None
+    cols_ratio_dram: float | None = None
     note: str = ""
 
 
@@ -112,8 +150,10 @@ def pick_tensors(model_path=None):
     return out
 
 
-def bench_tensor(w, source, bandwidth, repeat=5, clock="wall") -> KernelRow:
-    """Our figures for one tensor (see KernelRow; the BLAS columns come from bench_blas)."""
+def bench_tensor(w, source, bandwidth, repeat=5, clock="wall", dram: bool = True,
+                 cache_bytes: int | None = None) -> KernelRow:
+    """Our figures for one tensor (see KernelRow; the BLAS columns come from bench_blas); with
+    `dram`, also the forward-pass figures over copies larger than the cache."""
     import sys
 
     import edged.backends.cpu.matmul  # noqa: F401
@@ -137,6 +177,21 @@ def bench_tensor(w, source, bandwidth, repeat=5, clock="wall") -> KernelRow:
     row.ms_n16, row.gbs_n16 = t16 * 1e3, nbytes / t16 / 1e9
     row.bw_frac_n1 = row.gbs_n1 / bandwidth
     row.cols_ratio = (N_BATCH / t16) / (1 / t1)
+    if dram:
+        copies = dram_copies(w, cache_bytes)
+        turn = [0]
+
+        def call(x, y):
+            c = copies[turn[0] % len(copies)]
+            turn[0] += 1
+            mm.matmul(c, x, out=y)
+
+        d1 = _median_time(lambda: call(x1, y1), repeat, clock)
+        d16 = _median_time(lambda: call(x16, y16), repeat, clock)
+        row.ms_n1_dram, row.ms_n16_dram = d1 * 1e3, d16 * 1e3
+        row.bw_frac_n1_dram = nbytes / d1 / 1e9 / bandwidth
+        row.cols_ratio_dram = N_BATCH * d1 / d16
+        del copies
     return row
 
 
@@ -177,12 +232,14 @@ def run(model_path=None, repeat: int = 5, bw_bytes: int = DEFAULT_BW_BYTES, blas
 
 HEADER = (
     f"{'type':<7} {'tensor':<22} {'shape':>13} {'MB':>7} | {'n=1 ms':>8} {'GB/s':>6} {'%bw':>5} | "
-    f"{'n=16 ms':>8} {'GB/s':>6} {'cols x':>6} | {'BLAS ms':>8} {'BLAS/us':>7}"
+    f"{'n=16 ms':>8} {'GB/s':>6} {'cols x':>6} | {'BLAS ms':>8} {'BLAS/us':>7} | "
+    f"{'fwd n=1':>7} {'%bw':>5} {'n=16':>7} {'cols x':>6}"
 )
 
 
 FOOTNOTE = ("%bw: n=1 GB/s over the streaming bandwidth; cols x: token-columns/s at n=16 over n=1; "
-            "BLAS/us: numpy x @ W_f32.T time over ours at n=16 (>1: we are faster)")
+            "BLAS/us: numpy x @ W_f32.T time over ours at n=16 (>1: we are faster); fwd: the same "
+            "as in a forward pass, weights read from DRAM (copies cycled past the last-level cache), ms")
 
 
 def _f(v, fmt):
@@ -196,7 +253,9 @@ def format_row(r: KernelRow) -> str:
         f"{r.qtype:<7} {r.tensor[:22]:<22} {'x'.join(map(str, r.shape)):>13} {r.mbytes:7.2f} | "
         f"{_f(r.ms_n1, '8.3f')} {_f(r.gbs_n1, '6.1f')} {_f(r.bw_frac_n1 and 100 * r.bw_frac_n1, '5.0f')} | "
         f"{_f(r.ms_n16, '8.3f')} {_f(r.gbs_n16, '6.1f')} {_f(r.cols_ratio, '6.1f')} | "
-        f"{_f(r.blas_ms_n16, '8.3f')} {_f(r.blas_ratio, '7.2f')}"
+        f"{_f(r.blas_ms_n16, '8.3f')} {_f(r.blas_ratio, '7.2f')} | "
+        f"{_f(r.ms_n1_dram, '7.3f')} {_f(r.bw_frac_n1_dram and 100 * r.bw_frac_n1_dram, '5.0f')} "
+        f"{_f(r.ms_n16_dram, '7.3f')} {_f(r.cols_ratio_dram, '6.1f')}"
     )
 
 

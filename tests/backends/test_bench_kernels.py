@@ -16,13 +16,26 @@ def test_bandwidth_and_one_row():
     bw = bench_kernels.measure_bandwidth(8 << 20, repeat=1)
     assert bw > 0
     w = random_qtensor(T.Q5_0, 33, 64)
-    row = bench_kernels.bench_tensor(w, "synthetic", bw, repeat=1)
+    row = bench_kernels.bench_tensor(w, "synthetic", bw, repeat=1, cache_bytes=1 << 16)
     bench_kernels.bench_blas(w, row, repeat=1)
     assert row.ms_n1 > 0 and row.ms_n16 > 0 and row.blas_ms_n16 > 0 and row.cols_ratio > 0
+    assert row.ms_n1_dram > 0 and row.ms_n16_dram > 0 and row.cols_ratio_dram > 0
     result = {"bandwidth_gbs": bw, "threads": 2, "repeat": 1, "rows": [bench_kernels.asdict(row)]}
     table = bench_kernels.format_table(result)
     assert "Q5_0" in table and "GB/s" in table
     json.dumps(result)  # JSON-able as `--json` prints it
+
+
+def test_dram_copies_exceed_twice_the_cache_in_separate_buffers():
+    w = random_qtensor(T.Q4_K, 8, 256)  # 8 x 144 bytes
+    copies = bench_kernels.dram_copies(w, cache_bytes=10_000)
+    assert copies[0] is w
+    assert sum(c.data.nbytes for c in copies) >= 20_000 > sum(c.data.nbytes for c in copies[1:])
+    assert len({c.data.ctypes.data for c in copies}) == len(copies)
+    assert all(np.array_equal(c.data, w.data) and c.shape == w.shape for c in copies)
+    big = random_qtensor(T.Q8_0, 64, 64)
+    assert bench_kernels.dram_copies(big, cache_bytes=100) == [big]
+    assert bench_kernels.last_level_cache_bytes() > 0
 
 
 def test_unsupported_type_is_skipped_with_a_note():
