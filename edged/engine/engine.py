@@ -19,7 +19,7 @@ from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
 from edged.engine.scheduler import Scheduler
-from edged.engine.sizing import KVPlan, kv_layout, window_blocks_per_request
+from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
@@ -37,7 +37,7 @@ class EngineConfig:
     max_seqs: int = 16
     enable_prefix_cache: bool = True
     max_model_len: int | None = None
-    # sliding-window layers' pool; None: room for max_seqs running requests (sizing.plan_kv)
+    # sliding-window layers' pool; None: room for max_seqs running requests (sizing.window_blocks_needed)
     window_num_blocks: int | None = None
     # False: sliding-window layers share the full layers' blocks and keep all of them (one group)
     free_window_blocks: bool = True
@@ -115,17 +115,19 @@ class Engine:
         self.layout = kv_layout(model, config.free_window_blocks)
         self.pool = BlockPool(config.num_blocks, bs, config.enable_prefix_cache)
         self.window_pool = None
-        per_request = window_blocks_per_request(self.layout.window, bs, config.max_batch_tokens)
+        window, batch_tokens = self.layout.window, config.max_batch_tokens
         if self.layout.two_groups:
-            window_blocks = config.window_num_blocks or config.max_seqs * per_request
+            window_blocks = config.window_num_blocks or window_blocks_needed(window, bs, batch_tokens,
+                                                                             config.max_seqs)
             self.window_pool = BlockPool(window_blocks, bs, config.enable_prefix_cache)
             self.kv_cache = model.allocate_kv(config.num_blocks, bs, window_num_blocks=window_blocks)
         else:
             self.kv_cache = model.allocate_kv(config.num_blocks, bs)
-        sliding = self.window_pool or (self.pool if self.layout.window else None)
-        if sliding is not None and sliding.num_blocks < per_request:
+        sliding = self.window_pool or (self.pool if window else None)
+        one = window_blocks_needed(window, bs, batch_tokens)
+        if sliding is not None and sliding.num_blocks < one:
             raise ValueError(f"a sliding-window pool of {sliding.num_blocks} blocks cannot hold one "
-                             f"request's window and step ({per_request} blocks)")
+                             f"request's window and step ({one} blocks)")
         self.kv = KVCacheManager(self.pool, self.layout.window, self.window_pool)
 
     # -- public, any thread -----------------------------------------------------------------

@@ -76,10 +76,12 @@ def kv_layout(model, free_window_blocks: bool = True) -> KVLayout:
     return KVLayout(window, full, sliding) if full else KVLayout(window, sliding)
 
 
-def window_blocks_per_request(window: int, block_size: int, max_batch_tokens: int) -> int:
-    """Most sliding-window blocks one running request holds during a step: the window-1 keys
-    before its first new token plus up to max_batch_tokens new ones, one block of misalignment."""
-    return -(-(window - 1 + max_batch_tokens) // block_size) + 1
+def window_blocks_needed(window: int, block_size: int, max_batch_tokens: int, max_seqs: int = 1) -> int:
+    """Most sliding-window blocks max_seqs running requests hold at once, so a pool this big never
+    runs short. Request r computing n_r new tokens keeps positions [C_r - window + 1, C_r + n_r):
+    a span of window - 1 + n_r tokens touches at most (window - 2 + n_r) / block_size + 2 blocks,
+    and the n_r of one step add up to at most max_batch_tokens."""
+    return (max_seqs * (window - 2) + max_batch_tokens) // block_size + 2 * max_seqs
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def plan_kv(model, block_size: int, *, kv_memory: str | None = None, ctx: int = 
     if not lay.window:
         return KVPlan(lay, block_size, plan_num_blocks(lay.bytes_per_token, block_size, kv_memory=kv_memory,
                                                        ctx=ctx, max_seqs=max_seqs))
-    window_blocks = max_seqs * window_blocks_per_request(lay.window, block_size, max_batch_tokens)
+    window_blocks = window_blocks_needed(lay.window, block_size, max_batch_tokens, max_seqs)
     if not lay.two_groups:  # every layer is sliding: the window pool is the only one
         return KVPlan(lay, block_size, window_blocks)
     if kv_memory is not None:

@@ -60,3 +60,23 @@ def test_preemption_on_default_model_changes_nothing(gemma):
     finally:
         big.stop()
         small.stop()
+
+
+def test_long_prompt_same_with_and_without_freeing_window_blocks(gemma):
+    # 900 prompt tokens in 256-token chunks: after the third chunk the sliding layers' first 16
+    # blocks are freed, and the last chunk reads only the blocks of its window
+    model, tok = gemma
+    rng = np.random.default_rng(7)
+    prompt = [2] + rng.integers(200, 20000, size=900).tolist()
+    on = Engine(model, tok, EngineConfig(num_blocks=64, block_size=16, max_batch_tokens=256,
+                                         max_seqs=1)).start()
+    off = Engine(model, tok, EngineConfig(num_blocks=64, block_size=16, max_batch_tokens=256,
+                                          max_seqs=1, free_window_blocks=False)).start()
+    try:
+        assert on.window_pool is not None and off.window_pool is None
+        assert _ids(on.generate(prompt, _params(8))) == _ids(off.generate(prompt, _params(8)))
+        st = on.stats()
+        assert st.blocks_free == st.blocks_total and st.window_blocks_free == st.window_blocks_total
+    finally:
+        on.stop()
+        off.stop()

@@ -7,7 +7,7 @@ import pytest
 from edged.engine.engine import Engine, EngineConfig
 from edged.engine.request import Request
 from edged.engine.scheduler import Scheduler
-from edged.engine.sizing import kv_layout, plan_kv, window_blocks_per_request
+from edged.engine.sizing import kv_layout, plan_kv, window_blocks_needed
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
 from edged.models import load_model
@@ -58,6 +58,32 @@ def test_window_blocks_freed_step_by_step_exact_ids():
     _assert_all_free(full, window)
     # freed blocks kept their prefix hashes: blocks 0-3 hold the 4 full blocks in both pools
     assert full.num_cached_free == 4 and window.num_cached_free == 4
+
+
+@pytest.mark.parametrize("budget,max_seqs", [(16, 4), (7, 3), (64, 8)])
+def test_window_pool_sized_by_window_blocks_needed_never_runs_short(budget, max_seqs):
+    # many requests of random lengths with chunked prefill: the full pool is ample, so any
+    # preemption would mean the sliding-window pool ran short
+    rng = np.random.default_rng(budget)
+    need = window_blocks_needed(W, BS, budget, max_seqs)
+    kv, full, window = _manager(full_blocks=1000, window_blocks=need)
+    s = Scheduler(kv, max_batch_tokens=budget, max_seqs=max_seqs)
+    reqs = [Request(str(i), rng.integers(0, 50, size=int(rng.integers(1, 60))).tolist(),
+                    max_tokens=int(rng.integers(1, 30))) for i in range(40)]
+    for r in reqs:
+        s.add(r)
+    peak = 0
+    while s.has_work:
+        step = s.schedule()
+        peak = max(peak, window.num_used)
+        s.update(step)
+        for r, _ in step.items:
+            if r.num_computed_tokens == r.num_tokens:
+                r.token_ids.append(7)
+                if r.num_output_tokens == r.max_tokens:
+                    s.finish(r, "length")
+    assert s.num_preemptions == 0 and peak <= need
+    _assert_all_free(full, window)
 
 
 def _run_prompt(kv, rid, prompt):
@@ -156,7 +182,8 @@ def test_tiny_model_has_two_groups(tiny):
         W, model.kv_bytes_per_token(), model.kv_bytes_per_token() * 5)
     assert not kv_layout(model, free_window_blocks=False).two_groups
     plan = plan_kv(model, BS, ctx=64, max_seqs=2, max_batch_tokens=16)
-    assert (plan.num_blocks, plan.window_num_blocks) == (32, 2 * window_blocks_per_request(W, BS, 16))
+    # two requests: (2 x 6 + 16) // 4 + 2 x 2 = 11 window blocks (one alone: 7)
+    assert (plan.num_blocks, plan.window_num_blocks) == (32, 11) and window_blocks_needed(W, BS, 16) == 7
     kv = model.allocate_kv(32, BS, window_num_blocks=plan.window_num_blocks)
     assert [c.k.shape[0] for c in kv] == [plan.window_num_blocks] * 5 + [32]
 
@@ -179,8 +206,8 @@ def test_greedy_same_with_and_without_freeing(tiny):
 
 
 def test_window_pool_of_one_request_serves_a_long_generation(tiny):
-    # without freeing, 80 tokens would need 20 blocks; the window pool has 4 + 2 (8 + 16 - 1 keys)
-    per_request = window_blocks_per_request(W, BS, 16)
+    # without freeing, 80 tokens would need 20 blocks; the window pool has (8 - 2 + 16) // 4 + 2 = 7
+    per_request = window_blocks_needed(W, BS, 16)
     eng = _engine(tiny, max_seqs=1, window_num_blocks=per_request)
     try:
         out = _ids(eng.generate(list(range(5, 35)), _params(50)))
@@ -214,6 +241,8 @@ def test_sixteen_mixed_requests_batched_equal_alone_with_freeing(tiny):
         alone = [_ids(eng.generate(p, _params(12))) for p in prompts]
         together = [_ids(list(s)) for s in [eng.add_request(p, _params(12)) for p in prompts]]
         assert together == alone
+        # 256 full-attention blocks hold all 16; the window pool (60 blocks) is sized never to run short
+        assert eng.stats().preemptions == 0 and eng.stats().window_blocks_total == 60
         _assert_clean(eng)
     finally:
         eng.stop()
