@@ -11,11 +11,14 @@ scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte v
   activations permuted alike by `interleave_blocks`), so two vpdpbusd accumulate 4 blocks.
 - gemm (16- or 8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k]
   and float scales / biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of 4-interleaved
-  activations ([k/32][8 groups][tokens][4 bytes]) with broadcast weight words, tokens in the
-  lanes of one zmm (16) or ymm (8: same cost per token on hosts that split 512-bit ops), no
-  horizontal sums; each activation vector load serves all TILE_ROWS rows.
-Measured on the 2-core Zen 4 host: vpdpbusd peaks at 1 zmm per cycle (~230 GMAC/s a core) and each
-zmm float multiply takes a vpdpbusd slot, so the tile's cost is vpdpbusd + multiplies per block.
+  activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight words, tokens in the
+  lanes of one zmm, no horizontal sums; each activation vector load serves all TILE_ROWS rows.
+  8-token tiles pair the groups ([k/32][4 pairs][8 tokens][2 groups][4 bytes], 8-byte weight
+  broadcasts) so a zmm still carries 64 products; one exact int halving per row and block then
+  gives each token's sums.
+Measured on the 2-core Zen 5 host: vpdpbusd issues about once per cycle whatever its width (~230
+GMAC/s a core in zmm), so a tile costs its vpdpbusd count: an 8-token tile in ymm lanes cost ~90%
+of a 16-token tile, the paired one about half.
 
 Batch invariance: a token's output must not depend on the kernel its batch size picks, so gemv
 and gemm compute the same float operations in the same order per (row, token): the block term
@@ -717,8 +720,8 @@ TILE_ROWS = 4  # weight rows per tile_dot call: each activation vector load serv
 
 
 def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = TOKENS):
-    """Intrinsic for TILE_ROWS decoded rows × one nt-token tile (16: zmm lanes, 8: ymm lanes, as
-    fast per token on hosts that split 512-bit ops in two); scale16 / bias16: per-16 (else
+    """Intrinsic for TILE_ROWS decoded rows × one nt-token tile (16: zmm lanes; 8: the paired
+    layout, two 4-byte groups per token in a zmm, float work in ymm); scale16 / bias16: per-16 (else
     per-32) weight scales / biases; ibias: biases c = -B·s folded into the integer dots (xbt then
     holds int32 B · half sums; c is not read)."""
 
@@ -753,7 +756,24 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = T
                 xb = builder.gep(xp, [builder.mul(b, c64(32 * nt))])
                 ub = builder.mul(b, c64(32))
                 lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
-                for g in range(8):  # int32 chains per row: elements 0-15 (lo), 16-31 (hi)
+                if nt == 8:
+                    # paired layout: zmm lanes 2t, 2t+1 = token t × groups 2p, 2p+1 (one 8-byte
+                    # weight broadcast), so 8 tokens fill a zmm; the halving is an exact int add
+                    z16 = ir.Constant(_V16I32, None)
+                    lo2, hi2 = [z16] * TILE_ROWS, [z16] * TILE_ROWS
+                    for p in range(4):
+                        xv = _ld(builder, xb, 64 * p, _V64I8)
+                        for r in range(TILE_ROWS):
+                            wq = _ld(builder, ur[r], builder.add(ub, c64(8 * p)), _I64)
+                            wv = builder.bitcast(_splat(builder, wq, _v(_I64, 8)), _V64I8)
+                            if p < 2:
+                                lo2[r] = _dpbusd(builder, lo2[r], wv, xv)
+                            else:
+                                hi2[r] = _dpbusd(builder, hi2[r], wv, xv)
+                    for r in range(TILE_ROWS):
+                        h = _halve(builder, lo2[r], hi2[r])  # [16]: 8 tokens' lo, then their hi
+                        lo[r], hi[r] = _shuf(builder, h, range(8)), _shuf(builder, h, range(8, 16))
+                for g in range(8 if nt != 8 else 0):  # int32 chains per row: elements 0-15 (lo), 16-31 (hi)
                     xv = _ld(builder, xb, 4 * nt * g, vb)
                     for r in range(TILE_ROWS):
                         wword = _ld(builder, ur[r], builder.add(ub, c64(4 * g)), _I32)
@@ -861,7 +881,8 @@ def tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xi
 def tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
              nblk, out, ooff):
     """The tile dot of type `kind` for an nt-token tile (16 or 8; the layouts above with 16
-    replaced by nt): tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K / Q3_K,
+    replaced by nt, except xi for nt = 8: [nblk][4 pairs][8 tokens][2 groups][4], the paired
+    layout): tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K / Q3_K,
     tile_dot_s16_b16 for Q2_K."""
     if kind == KIND_Q6K or kind == KIND_Q3K:
         if nt == 8:

@@ -11,7 +11,7 @@ w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
   each superblock is unpacked once in registers for all the group's tokens (n = 2 / 4 cost ~1.4x /
   ~2x n = 1 on Q4_K, not 2x / 4x).
 - gemm (larger n): rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot per
-  4 rows × 16-token tile (8-token tiles when a pass has at most 8 tokens).
+  4 rows × 16-token tile (8-token tiles, groups paired in zmm lanes, when a pass has at most 8).
 Both are one compiled kernel for every type (a run-time `kind` picks the unpacker), wrapped per
 type by TypedKernel. Q4_K / Q6_K carry the default model's layers.
 Every type's gemv and gemm compute the same float operations in the same order per (row, token)
@@ -135,11 +135,20 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
 # ------------------------------------------------------------------------------- gemm
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _tile_word(b, g, t, tw):
+    """Index of token t's 4-byte group g of block b in a tile's int32 words: [block][8 groups][16
+    tokens] for tw 16, [block][4 pairs][8 tokens][2 groups] for tw 8 (see kquant_simd.tile_dot)."""
+    if tw == 8:
+        return b * 64 + (g >> 1) * 16 + 2 * t + (g & 1)
+    return (b * 8 + g) * tw + t
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
     """Tokens n0 : n0 + tw·ntile of (xq, xd, xs) as tw-token tiles (tw 16 or 8; missing tokens
-    zero): xi int8 [ntile, k/32 · 32·tw] ([block][8 groups][tw tokens][4 bytes], as tile_dot
-    reads it), xdt float32 [ntile, k/32 · tw] activation scales, and xbt float32 scale × sums: per
+    zero): xi int8 [ntile, k/32 · 32·tw] (4-byte groups placed by _tile_word, as tile_dot
+    reads them), xdt float32 [ntile, k/32 · tw] activation scales, and xbt float32 scale × sums: per
     block [tw] (block sums) or, with bias16, [2][tw] (sums of elements 0-15 and 16-31); with
     ib > 0 those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
     n, k = xq.shape
@@ -158,7 +167,7 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
             tok = n0 + tile * tw + t
             if tok < n:
                 for g in range(8):
-                    xi4[tile, (b * 8 + g) * tw + t] = xq4[tok, b * 8 + g]
+                    xi4[tile, _tile_word(b, g, t, tw)] = xq4[tok, b * 8 + g]
                 d = xd[tok, b]
                 xdt[tile, b * tw + t] = d
                 if bias16:
@@ -175,7 +184,7 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
                     xbt[tile, b * tw + t] = d * np.float32(xs[tok, b])
             else:
                 for g in range(8):
-                    xi4[tile, (b * 8 + g) * tw + t] = 0
+                    xi4[tile, _tile_word(b, g, t, tw)] = 0
                 xdt[tile, b * tw + t] = 0.0
                 for q in range(nb_):
                     xbt[tile, (nb_ * b + q) * tw + t] = 0.0
@@ -233,7 +242,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
 @nb.njit(cache=True, nogil=True)
 def _gemm(kind, w, xq, xd, xs, y):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
-    at most 8 tokens uses 8-token tiles (ymm lanes: half the work of a 16-token tile)."""
+    at most 8 tokens uses 8-token tiles (half the vpdpbusd of a 16-token tile)."""
     n, k = xq.shape
     nblk = k // 32
     bias16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K
