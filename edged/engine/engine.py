@@ -19,7 +19,7 @@ from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
 from edged.engine.scheduler import Scheduler
-from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed
+from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed, window_pool_blocks
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
@@ -37,7 +37,7 @@ class EngineConfig:
     max_seqs: int = 16
     enable_prefix_cache: bool = True
     max_model_len: int | None = None
-    # sliding-window layers' pool; None: room for max_seqs running requests (sizing.window_blocks_needed)
+    # sliding-window layers' pool; None: room for max_seqs running requests (sizing.window_pool_blocks)
     window_num_blocks: int | None = None
     # False: sliding-window layers share the full layers' blocks and keep all of them (one group)
     free_window_blocks: bool = True
@@ -63,13 +63,13 @@ class EngineStats:
     last_step_s: float
     prompt_tokens: int
     generated_tokens: int
-    tokens_in_kv: int
+    tokens_in_kv: int  # tokens the main pool holds: computed ones and those the running step stores
     # the sliding-window layers' pool (zeros when there is one KV group)
     window_blocks_total: int = 0
     window_blocks_used: int = 0
     window_blocks_cached_free: int = 0
     window_blocks_free: int = 0
-    window_tokens_in_kv: int = 0  # tokens that pool must hold: min(computed, window - 1) per request
+    window_tokens_in_kv: int = 0  # tokens that pool must hold: min(computed, window - 1) + in step
     kv_bytes_used: int = 0  # bytes of the blocks held by requests, both pools
     kv_bytes_needed: int = 0  # bytes the held tokens need: tokens per pool x its bytes per token
 
@@ -94,6 +94,7 @@ class Engine:
         self._init_kv(model, config)
         self.scheduler = Scheduler(self.kv, config.max_batch_tokens, config.max_seqs,
                                    config.max_model_len or model.context_length)
+        self._check_window_pool()
         self.sampler = Sampler()
         sampling_kernels.warm_up()  # compiled now, not inside the first sampled request's step
         self._live: dict[str, _Live] = {}
@@ -104,6 +105,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         self._steps = 0
+        self._in_flight: dict[str, int] = {}  # request id -> tokens the running step is storing
         self._last_step_s = 0.0
         self._prompt_tokens = 0
         self._generated_tokens = 0
@@ -115,20 +117,26 @@ class Engine:
         self.layout = kv_layout(model, config.free_window_blocks)
         self.pool = BlockPool(config.num_blocks, bs, config.enable_prefix_cache)
         self.window_pool = None
-        window, batch_tokens = self.layout.window, config.max_batch_tokens
         if self.layout.two_groups:
-            window_blocks = config.window_num_blocks or window_blocks_needed(window, bs, batch_tokens,
-                                                                             config.max_seqs)
+            window_blocks = config.window_num_blocks or window_pool_blocks(
+                self.layout.window, bs, config.max_batch_tokens, config.max_seqs, config.num_blocks)
             self.window_pool = BlockPool(window_blocks, bs, config.enable_prefix_cache)
             self.kv_cache = model.allocate_kv(config.num_blocks, bs, window_num_blocks=window_blocks)
         else:
             self.kv_cache = model.allocate_kv(config.num_blocks, bs)
-        sliding = self.window_pool or (self.pool if window else None)
-        one = window_blocks_needed(window, bs, batch_tokens)
-        if sliding is not None and sliding.num_blocks < one:
+        self.kv = KVCacheManager(self.pool, self.layout.window, self.window_pool)
+
+    def _check_window_pool(self) -> None:
+        """ValueError when the sliding-window pool cannot serve even one request alone (it would
+        wait forever): it needs a window and a step's tokens, or the longest request's blocks."""
+        sliding = self.window_pool or (self.pool if self.layout.window else None)
+        if sliding is None:
+            return
+        one = min(window_blocks_needed(self.layout.window, self.pool.block_size, self.config.max_batch_tokens),
+                  self.kv.blocks_needed(self.scheduler.max_len))
+        if sliding.num_blocks < one:
             raise ValueError(f"a sliding-window pool of {sliding.num_blocks} blocks cannot hold one "
                              f"request's window and step ({one} blocks)")
-        self.kv = KVCacheManager(self.pool, self.layout.window, self.window_pool)
 
     # -- public, any thread -----------------------------------------------------------------
     def start(self) -> "Engine":
@@ -176,9 +184,11 @@ class Engine:
 
     def stats(self) -> EngineStats:
         s, p, w, lay = self.scheduler, self.pool, self.window_pool, self.layout
-        computed = [r.num_computed_tokens for r in s.running]
-        windowed = sum(min(c, lay.window - 1) for c in computed) if lay.window else 0  # sliding layers keep
-        tokens = windowed if lay.window and not lay.two_groups else sum(computed)
+        # (computed, being stored by the running step) per request; a sliding-window layer needs
+        # the window - 1 keys before the step's first token plus the step's own
+        held = [(r.num_computed_tokens, self._in_flight.get(r.request_id, 0)) for r in s.running]
+        windowed = sum(min(c, lay.window - 1) + n for c, n in held) if lay.window else 0
+        tokens = windowed if lay.window and not lay.two_groups else sum(c + n for c, n in held)
         window_tokens = windowed if w is not None else 0
         bpt, window_bpt = lay.bytes_per_token, lay.window_bytes_per_token
         window_used = w.num_used if w is not None else 0
@@ -244,11 +254,13 @@ class Engine:
     def _step(self) -> None:
         t0 = time.perf_counter()
         step = self.scheduler.schedule()
+        self._in_flight = {req.request_id: n for req, n in step.items}  # replaced whole: stats() reads it
         if not step.items:
             return
         batch, samplers = build_batch(step, self.kv)
         logits = self.model.forward(batch, self.kv_cache)  # [len(samplers), vocab]
         self.scheduler.update(step)
+        self._in_flight = {}
         if samplers:
             lives = [self._live[step.items[i][0].request_id] for i in samplers]
             self._sample_and_deliver(logits, lives)

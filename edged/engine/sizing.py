@@ -111,24 +111,32 @@ class KVPlan:
         return text
 
 
+def window_pool_blocks(window: int, block_size: int, max_batch_tokens: int, max_seqs: int,
+                       num_blocks: int) -> int:
+    """The sliding-window pool beside a full-attention pool of num_blocks: room for max_seqs
+    running requests, and no more than num_blocks (a request's sliding-window blocks are at some
+    of the block indices it holds in the full-attention pool), so short contexts pay no extra."""
+    return min(window_blocks_needed(window, block_size, max_batch_tokens, max_seqs), num_blocks)
+
+
 def plan_kv(model, block_size: int, *, kv_memory: str | None = None, ctx: int = 4096,
             max_seqs: int = 16, max_batch_tokens: int = 512, free_window_blocks: bool = True) -> KVPlan:
     """The pools for `model`. Sliding-window layers get room for max_seqs running requests
-    (they never limit admission); full-attention layers get ctx x max_seqs tokens, or what the
-    --kv-memory budget leaves after the sliding-window pool."""
+    (window_pool_blocks: they never limit admission); full-attention layers get ctx x max_seqs
+    tokens, or what the --kv-memory budget leaves after the sliding-window pool."""
+    bs = block_size
     lay = kv_layout(model, free_window_blocks)
-    if not lay.window:
-        return KVPlan(lay, block_size, plan_num_blocks(lay.bytes_per_token, block_size, kv_memory=kv_memory,
-                                                       ctx=ctx, max_seqs=max_seqs))
-    window_blocks = window_blocks_needed(lay.window, block_size, max_batch_tokens, max_seqs)
-    if not lay.two_groups:  # every layer is sliding: the window pool is the only one
-        return KVPlan(lay, block_size, window_blocks)
-    if kv_memory is not None:
-        window_bytes = window_blocks * block_size * lay.window_bytes_per_token
-        left = parse_memory(kv_memory) - window_bytes
-        if left < lay.bytes_per_token * block_size:
-            raise ValueError(f"--kv-memory {kv_memory} leaves no room for a full-attention block after "
-                             f"the sliding-window pool ({window_bytes / 2**20:.0f} MiB)")
-        kv_memory = str(left)
-    return KVPlan(lay, block_size, plan_num_blocks(lay.bytes_per_token, block_size, kv_memory=kv_memory,
-                                                   ctx=ctx, max_seqs=max_seqs), window_blocks)
+    if not lay.two_groups:  # one pool; when every layer is sliding it need not outgrow the windows
+        n = plan_num_blocks(lay.bytes_per_token, bs, kv_memory=kv_memory, ctx=ctx, max_seqs=max_seqs)
+        if lay.window:
+            n = min(n, window_blocks_needed(lay.window, bs, max_batch_tokens, max_seqs))
+        return KVPlan(lay, bs, n)
+    if kv_memory is None:
+        full = plan_num_blocks(lay.bytes_per_token, bs, ctx=ctx, max_seqs=max_seqs)
+        return KVPlan(lay, bs, full, window_pool_blocks(lay.window, bs, max_batch_tokens, max_seqs, full))
+    # a budget: the blocks it holds if both pools were the same size bound the window pool, and
+    # the full-attention pool takes the rest (so it is never the smaller one)
+    equal = plan_num_blocks(lay.bytes_per_token + lay.window_bytes_per_token, bs, kv_memory=kv_memory)
+    window_blocks = window_pool_blocks(lay.window, bs, max_batch_tokens, max_seqs, equal)
+    left = parse_memory(kv_memory) - window_blocks * bs * lay.window_bytes_per_token
+    return KVPlan(lay, bs, left // (bs * lay.bytes_per_token), window_blocks)

@@ -188,6 +188,20 @@ def test_tiny_model_has_two_groups(tiny):
     assert [c.k.shape[0] for c in kv] == [plan.window_num_blocks] * 5 + [32]
 
 
+def test_plan_kv_splits_a_budget_and_never_outgrows_one_pool(tiny):
+    model, _ = tiny  # K+V bytes per token: 512 per layer, 1 global + 5 sliding layers
+    budget = 100 * BS * 3072  # 100 blocks of every layer
+    plan = plan_kv(model, BS, kv_memory=str(budget), max_seqs=4, max_batch_tokens=16)
+    # window pool: (4 x 6 + 16) // 4 + 2 x 4 = 18 blocks; the global layer gets the rest
+    assert (plan.num_blocks, plan.window_num_blocks) == ((budget - 18 * BS * 2560) // (BS * 512), 18)
+    assert plan.nbytes <= budget
+    # a context shorter than a window: the window pool is capped at the full pool's size, so two
+    # pools cost what one would
+    one = plan_kv(model, BS, ctx=8, max_seqs=4, max_batch_tokens=16, free_window_blocks=False)
+    two = plan_kv(model, BS, ctx=8, max_seqs=4, max_batch_tokens=16)
+    assert (two.num_blocks, two.window_num_blocks, two.nbytes) == (8, 8, one.nbytes)
+
+
 def test_greedy_same_with_and_without_freeing(tiny):
     prompts = _prompts(tiny[0].vocab_size, 4, seed=3)
     on = _engine(tiny, max_seqs=4)
