@@ -87,7 +87,7 @@ class KVCacheManager:
         bs = self.block_size
         hashes: list[bytes] = []
         parent = None
-        for i in range((len(token_ids) - 1) // bs):
+        for i in range((len(token_ids) - 1) // bs if self.pool.enable_prefix_cache else 0):
             parent = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
             hashes.append(parent)
         found = [[g.pool.lookup(h) for h in hashes] for g in self.groups]  # [groups][blocks]
