@@ -9,16 +9,17 @@ scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte v
   summed exactly into per-block (per-16 for Q6_K/Q3_K/Q2_K) dots, and the two rows' float work
   shares 16-lane vectors. Per-32 types use a gemv layout of 4 blocks per vector (_q4k_il; the
   activations permuted alike by `interleave_blocks`), so two vpdpbusd accumulate 4 blocks.
-- gemm (16- or 8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k]
-  and float scales / biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of 4-interleaved
-  activations ([k/32][8 groups][16 tokens][4 bytes]) with broadcast weight words, tokens in the
-  lanes of one zmm, no horizontal sums; each activation vector load serves all TILE_ROWS rows.
-  8-token tiles pair the groups ([k/32][4 pairs][8 tokens][2 groups][4 bytes], 8-byte weight
-  broadcasts) so a zmm still carries 64 products; one exact int halving per row and block then
-  gives each token's sums.
-Measured on the 2-core Zen 5 host: vpdpbusd issues about once per cycle whatever its width (~230
-GMAC/s a core in zmm), so a tile costs its vpdpbusd count: an 8-token tile in ymm lanes cost ~90%
-of a 16-token tile, the paired one about half.
+- gemm (8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k] and
+  float scales / biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of activations in
+  pair lanes ([k/32][4 pairs p][8 tokens][groups 2p, 2p+1][4 bytes]) with 8-byte weight
+  broadcasts: zmm lanes 2t, 2t+1 belong to token t, so one vpdpbusd does 64 useful products, an
+  in-lane blend / swap / add gives each token's (lo, hi) or block sum exactly, and the float
+  work runs in the same pair lanes; each activation vector load serves all TILE_ROWS rows.
+Measured on the 2-core Zen 5 host: two pipes issue vpdpbusd (~8.4 zmm a ns a core) and float
+multiplies and cross-lane permutes take the same pipes, while adds, conversions, in-lane shuffles,
+blends and broadcast loads do not; so a tile costs about its vpdpbusd + multiplies. The pair-lane
+tile needs no cross-lane permute: on Q4_K 640 x 2048 (1 thread) 8 tokens cost 0.7x the former
+ymm 8-token tile, and 16 / 32 tokens (2 / 4 tiles) as much as the former 16-token zmm tiles.
 
 Batch invariance: a token's output must not depend on the kernel its batch size picks, so gemv
 and gemm compute the same float operations in the same order per (row, token): the block term
@@ -49,7 +50,7 @@ from numba.extending import intrinsic
 USE_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 USE_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
 
-TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 / float32 lanes
+TOKENS = 8  # tokens per gemm tile: token t in lanes 2t, 2t+1 of 512-bit vectors (pair lanes)
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32 = ir.FloatType()
@@ -719,11 +720,10 @@ def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride,
 TILE_ROWS = 4  # weight rows per tile_dot call: each activation vector load serves all of them
 
 
-def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = TOKENS):
-    """Intrinsic for TILE_ROWS decoded rows × one nt-token tile (16: zmm lanes; 8: the paired
-    layout, two 4-byte groups per token in a zmm, float work in ymm); scale16 / bias16: per-16 (else
-    per-32) weight scales / biases; ibias: biases c = -B·s folded into the integer dots (xbt then
-    holds int32 B · half sums; c is not read)."""
+def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
+    """Intrinsic for TILE_ROWS decoded rows × one TOKENS-token tile in pair lanes; scale16 /
+    bias16: per-16 (else per-32) weight scales / biases; ibias: biases c = -B·s folded into the
+    integer dots (xbt then holds int32 B · half sums; c is not read)."""
 
     @intrinsic
     def _tile_dot(typingctx, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
@@ -747,66 +747,52 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = T
             sr = [builder.gep(sp, [builder.mul(i64(5), c64(4 * r))]) for r in range(TILE_ROWS)]
             cr = [builder.gep(cp, [builder.mul(i64(8), c64(4 * r))]) for r in range(TILE_ROWS)]
             nsc, nbias = (2 if scale16 else 1), (2 if bias16 else 1)
-            vi, vf, vb = _v(_I32, nt), _v(_F32, nt), _v(_I8, 4 * nt)
-            zero_i, zero_f = ir.Constant(vi, None), ir.Constant(vf, None)
-            fsplat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), vf)  # noqa: E731
+            swap = lambda v: _shuf(builder, v, [i ^ 1 for i in range(16)])  # noqa: E731  (in-lane vpshufd)
+            splat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), _V16F)  # noqa: E731
+            pair = lambda p, off: _shuf(builder, _ld(builder, p, off, _v(_F32, 2)), [0, 1] * 8)  # noqa: E731
 
             def block_terms(b):
-                """Per-row [nt]-token vectors of the canonical block term w_b (see _tree8)."""
-                xb = builder.gep(xp, [builder.mul(b, c64(32 * nt))])
+                """Per-row pair-lane vectors of the canonical block term w_b (see _tree8): token t's
+                term in lane 2t (lane 2t+1 holds the same, or the same two terms added the other
+                way round)."""
+                xb = builder.gep(xp, [builder.mul(b, c64(32 * TOKENS))])
                 ub = builder.mul(b, c64(32))
-                lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
-                if nt == 8:
-                    # paired layout: zmm lanes 2t, 2t+1 = token t × groups 2p, 2p+1 (one 8-byte
-                    # weight broadcast), so 8 tokens fill a zmm; the halving is an exact int add
-                    z16 = ir.Constant(_V16I32, None)
-                    lo2, hi2 = [z16] * TILE_ROWS, [z16] * TILE_ROWS
-                    for p in range(4):
-                        xv = _ld(builder, xb, 64 * p, _V64I8)
-                        for r in range(TILE_ROWS):
-                            wq = _ld(builder, ur[r], builder.add(ub, c64(8 * p)), _I64)
-                            wv = builder.bitcast(_splat(builder, wq, _v(_I64, 8)), _V64I8)
-                            if p < 2:
-                                lo2[r] = _dpbusd(builder, lo2[r], wv, xv)
-                            else:
-                                hi2[r] = _dpbusd(builder, hi2[r], wv, xv)
+                z16 = ir.Constant(_V16I32, None)
+                lo2, hi2 = [z16] * TILE_ROWS, [z16] * TILE_ROWS  # lane 2t + j: groups 2p + j of token t
+                for p in range(4):
+                    xv = _ld(builder, xb, 64 * p, _V64I8)
                     for r in range(TILE_ROWS):
-                        h = _halve(builder, lo2[r], hi2[r])  # [16]: 8 tokens' lo, then their hi
-                        lo[r], hi[r] = _shuf(builder, h, range(8)), _shuf(builder, h, range(8, 16))
-                for g in range(8 if nt != 8 else 0):  # int32 chains per row: elements 0-15 (lo), 16-31 (hi)
-                    xv = _ld(builder, xb, 4 * nt * g, vb)
-                    for r in range(TILE_ROWS):
-                        wword = _ld(builder, ur[r], builder.add(ub, c64(4 * g)), _I32)
-                        wv = builder.bitcast(_splat(builder, wword, vi), vb)
-                        if g < 4:
-                            lo[r] = _dpbusd(builder, lo[r], wv, xv)
+                        wq = _ld(builder, ur[r], builder.add(ub, c64(8 * p)), _I64)
+                        wv = builder.bitcast(_splat(builder, wq, _v(_I64, 8)), _V64I8)
+                        if p < 2:
+                            lo2[r] = _dpbusd(builder, lo2[r], wv, xv)
                         else:
-                            hi[r] = _dpbusd(builder, hi[r], wv, xv)
-                xd = _ld(builder, xdp, builder.mul(b, c64(4 * nt)), vf)
-                xbv = [_ld(builder, xbp, builder.add(builder.mul(b, c64(4 * nt * nbias)), c64(4 * nt * q)), vf)
-                       for q in range(nbias)]
+                            hi2[r] = _dpbusd(builder, hi2[r], wv, xv)
+                xd = _ld(builder, xdp, builder.mul(b, c64(64)), _V16F)  # [8 tokens][2]: scale twice
+                xbv = _ld(builder, xbp, builder.mul(b, c64(64)), _V16F)  # [8 tokens][2]: (lo, hi) or twice
                 sb = builder.mul(b, c64(4 * nsc))
                 cb = builder.mul(b, c64(4 * nbias))
                 out = []
-                if ibias:
-                    xbi = [builder.bitcast(v, vi) for v in xbv]
-                    for r in range(TILE_ROWS):
-                        lo_f = builder.sitofp(builder.sub(lo[r], xbi[0]), vf)
-                        hi_f = builder.sitofp(builder.sub(hi[r], xbi[1]), vf)
-                        v = builder.fadd(builder.fmul(lo_f, fsplat(sr[r], sb)), builder.fmul(hi_f, fsplat(sr[r], builder.add(sb, c64(4)))))
-                        out.append(builder.fmul(xd, v))
-                    return out
                 for r in range(TILE_ROWS):
-                    if scale16:
-                        v = builder.fadd(builder.fmul(builder.sitofp(lo[r], vf), builder.fmul(xd, fsplat(sr[r], sb))),
-                                         builder.fmul(builder.sitofp(hi[r], vf),
-                                                      builder.fmul(xd, fsplat(sr[r], builder.add(sb, c64(4))))))
-                    else:
-                        v = builder.fmul(builder.sitofp(builder.add(lo[r], hi[r]), vf), builder.fmul(xd, fsplat(sr[r], sb)))
-                    bias = builder.fmul(fsplat(cr[r], cb), xbv[0])
-                    if bias16:
-                        bias = builder.fadd(bias, builder.fmul(fsplat(cr[r], builder.add(cb, c64(4))), xbv[1]))
-                    out.append(builder.fadd(v, bias))
+                    if not scale16:  # the block dot S_t in both lanes of token t
+                        s2 = builder.add(lo2[r], hi2[r])
+                        dot = builder.sitofp(builder.add(s2, swap(s2)), _V16F)
+                        v = builder.fmul(dot, builder.fmul(xd, splat(sr[r], sb)))
+                        out.append(builder.fadd(v, builder.fmul(splat(cr[r], cb), xbv)))
+                        continue
+                    # lanes (a, b) of lo2 and (c, d) of hi2 -> (a + b, d + c) = (lo_t, hi_t)
+                    x2 = _shuf(builder, lo2[r], [i if i % 2 == 0 else 16 + i for i in range(16)], hi2[r])
+                    y2 = _shuf(builder, lo2[r], [16 + i if i % 2 == 0 else i for i in range(16)], hi2[r])
+                    lohi = builder.add(x2, swap(y2))
+                    if ibias:  # xd · (float(lo - B·X_lo) · s_lo + float(hi - B·X_hi) · s_hi)
+                        f = builder.sitofp(builder.sub(lohi, builder.bitcast(xbv, _V16I32)), _V16F)
+                        f = builder.fmul(f, pair(sr[r], sb))
+                        out.append(builder.fmul(xd, builder.fadd(f, swap(f))))
+                        continue
+                    # (lo · (xd · s_lo) + hi · (xd · s_hi)) + (c_lo · xb_lo + c_hi · xb_hi)
+                    f = builder.fmul(builder.sitofp(lohi, _V16F), builder.fmul(xd, pair(sr[r], sb)))
+                    q = builder.fmul(pair(cr[r], cb), xbv)
+                    out.append(builder.fadd(builder.fadd(f, swap(f)), builder.fadd(q, swap(q))))
                 return out
 
             def body(i, acc):  # one superblock: 8 blocks summed in _tree8's order, then added
@@ -821,9 +807,9 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = T
                 return new
 
             nsb = builder.udiv(i64(15), c64(8))
-            acc = _loop(builder, nsb, body, [zero_f] * TILE_ROWS)
+            acc = _loop(builder, nsb, body, [ir.Constant(_V16F, None)] * TILE_ROWS)
             for r in range(TILE_ROWS):
-                _st(builder, acc[r], op, 4 * nt * r)
+                _st(builder, _shuf(builder, acc[r], range(0, 16, 2)), op, 4 * TOKENS * r)  # even lanes
             return context.get_dummy_value()
 
         return sig, codegen
@@ -834,22 +820,20 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = T
 _tile_dot_s32_b32 = _make_tile_dot(False, False)
 _tile_dot_s16_b16 = _make_tile_dot(True, True)
 _tile_dot_s16_ib = _make_tile_dot(True, True, True)
-_tile8_dot_s32_b32 = _make_tile_dot(False, False, nt=8)
-_tile8_dot_s16_b16 = _make_tile_dot(True, True, nt=8)
-_tile8_dot_s16_ib = _make_tile_dot(True, True, True, nt=8)
+
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
-    """TILE_ROWS decoded rows × one 16-token tile over nblk 32-blocks b (nblk a multiple of 8);
-    for row r and token t, out[ooff + 16r + t] = Σ_b w_b with the block term
+    """TILE_ROWS decoded rows × one TOKENS-token tile over nblk 32-blocks b (nblk a multiple of 8);
+    for row r and token t, out[ooff + TOKENS·r + t] = Σ_b w_b with the block term
         w_b = float(Σ_j u_r[32b+j] · x_t[32b+j]) · (xdt[b, t] · s_r[b]) + c_r[b] · xbt[b, t]
     (per-32 weight scale s and bias c), summed in the canonical order (pairwise tree over each
     superblock's 8 terms, superblocks in sequence) that the gemv row dots reproduce exactly.
     Row r's u uint8 [nblk·32] starts at element uoff + r·ustride (s, c float32 [nblk] likewise);
-    xi int8 is the 4-interleaved tile [nblk][8 groups][16 tokens][4] from xioff; xdt float32
-    [nblk][16] activation scales from xdoff; xbt float32 [nblk][16] scale × block sums from xboff.
-    Nothing is bounds-checked."""
+    xi int8 is the paired tile [nblk][4 pairs p][8 tokens][groups 2p, 2p+1][4 bytes] from xioff;
+    xdt float32 [nblk][8 tokens][2] activation scales (each twice) from xdoff; xbt float32
+    [nblk][8][2] scale × block sums (each twice) from xboff. Nothing is bounds-checked."""
     _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
 
@@ -858,9 +842,9 @@ def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
     """As tile_dot_s32_b32 with per-16 scales and biases: s_r, c_r float32 [nblk][2] and xbt float32
-    [nblk][2][16] (scale × sums of elements 0-15 and 16-31 of each block), and the block term
+    [nblk][8 tokens][2] (scale × sums of elements 0-15 and 16-31 of each block), and the block term
         w_b = (float(lo) · (xdt · s_r[b,0]) + float(hi) · (xdt · s_r[b,1]))
-              + (c_r[b,0] · xbt[b,0,t] + c_r[b,1] · xbt[b,1,t])."""
+              + (c_r[b,0] · xbt[b,t,0] + c_r[b,1] · xbt[b,t,1])."""
     _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
 
@@ -869,42 +853,28 @@ def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 def tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                     nblk, out, ooff):
     """As tile_dot_s16_b16 for per-16 types whose bias is c = -B·s (Q6_K B = 32, Q3_K B = 4): xbt
-    holds, as int32 bits, [nblk][2][16] B × the sums of elements 0-15 and 16-31 of each block, and
-    the block term is
-        w_b = xdt · (float(lo - xbt[b,0,t]) · s_r[b,0] + float(hi - xbt[b,1,t]) · s_r[b,1])
+    holds, as int32 bits, [nblk][8 tokens][2] B × the sums of elements 0-15 and 16-31 of each
+    block, and the block term is
+        w_b = xdt · (float(lo - xbt[b,t,0]) · s_r[b,0] + float(hi - xbt[b,t,1]) · s_r[b,1])
     (the bias leaves the float work: exact integer dots of the signed weights); c is not read."""
     _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+def tile_dot(kind, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
              nblk, out, ooff):
-    """The tile dot of type `kind` for an nt-token tile (16 or 8; the layouts above with 16
-    replaced by nt, except xi for nt = 8: [nblk][4 pairs][8 tokens][2 groups][4], the paired
-    layout): tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K / Q3_K,
-    tile_dot_s16_b16 for Q2_K."""
+    """The tile dot of type `kind`: tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K /
+    Q3_K, tile_dot_s16_b16 for Q2_K."""
     if kind == KIND_Q6K or kind == KIND_Q3K:
-        if nt == 8:
-            _tile8_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                              nblk, out, ooff)
-        else:
-            _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                             nblk, out, ooff)
+        _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                         nblk, out, ooff)
     elif kind == KIND_Q2K:
-        if nt == 8:
-            _tile8_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                               nblk, out, ooff)
-        else:
-            _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                              nblk, out, ooff)
+        _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                          nblk, out, ooff)
     else:
-        if nt == 8:
-            _tile8_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                               nblk, out, ooff)
-        else:
-            _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                              nblk, out, ooff)
+        _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                          nblk, out, ooff)
 
 
 @nb.njit(cache=True, nogil=True)
