@@ -9,17 +9,20 @@ scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte v
   summed exactly into per-block (per-16 for Q6_K/Q3_K/Q2_K) dots, and the two rows' float work
   shares 16-lane vectors. Per-32 types use a gemv layout of 4 blocks per vector (_q4k_il; the
   activations permuted alike by `interleave_blocks`), so two vpdpbusd accumulate 4 blocks.
-- gemm (8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k] and
-  float scales / biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of activations in
-  pair lanes ([k/32][4 pairs p][8 tokens][groups 2p, 2p+1][4 bytes]) with 8-byte weight
-  broadcasts: zmm lanes 2t, 2t+1 belong to token t, so one vpdpbusd does 64 useful products, an
-  in-lane blend / swap / add gives each token's (lo, hi) or block sum exactly, and the float
-  work runs in the same pair lanes; each activation vector load serves all TILE_ROWS rows.
+- gemm (8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k] (each
+  32-block's 4-byte groups in the order 0, 4, 1, 5, 2, 6, 3, 7: _tile_order) and float scales /
+  biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of activations in pair lanes
+  ([k/32][4 pairs p][8 tokens][groups p, p+4][4 bytes]) with 8-byte weight broadcasts: zmm
+  lanes 2t, 2t+1 accumulate token t's sums of elements 0-15 (lo) and 16-31 (hi), so one vpdpbusd
+  does 64 useful products and needs no horizontal sum (the per-32 block sum is one in-lane swap
+  and add), and the float work runs in the same pair lanes; each activation vector load serves
+  all TILE_ROWS rows.
 Measured on the 2-core Zen 5 host: two pipes issue vpdpbusd (~8.4 zmm a ns a core) and float
-multiplies and cross-lane permutes take the same pipes, while adds, conversions, in-lane shuffles,
-blends and broadcast loads do not; so a tile costs about its vpdpbusd + multiplies. The pair-lane
-tile needs no cross-lane permute: on Q4_K 640 x 2048 (1 thread) 8 tokens cost 0.7x the former
-ymm 8-token tile, and 16 / 32 tokens (2 / 4 tiles) as much as the former 16-token zmm tiles.
+multiplies, cross-lane permutes and 64-bit rotates take the same pipes, while adds, conversions,
+in-lane shuffles, blends and broadcast loads do not; so a tile costs about its vpdpbusd +
+multiplies, and the tile has no cross-lane permute. Against the former tiles (tokens in the
+lanes, 16 per zmm or 8 per ymm), on 640 x 2048 tensors (1 thread): n = 8 costs ~0.8x, n = 16 the
+same (Q4_K) to ~0.85x (Q6_K, Q3_K, Q2_K).
 
 Batch invariance: a token's output must not depend on the kernel its batch size picks, so gemv
 and gemm compute the same float operations in the same order per (row, token): the block term
@@ -339,6 +342,13 @@ def _iq4xs_quants_il(builder, bp, j):
     return _lut16(builder, nib)
 
 
+def _tile_order(builder, v):
+    """64 unsigned weights (two 32-blocks) with each block's 4-byte groups reordered 0, 4, 1, 5,
+    2, 6, 3, 7: one 8-byte broadcast then holds groups p and p + 4 (tile_dot's pair lanes)."""
+    w = builder.bitcast(v, _V16I32)
+    return builder.bitcast(_shuf(builder, w, [8 * h + i for h in range(2) for i in (0, 4, 1, 5, 2, 6, 3, 7)]), _V64I8)
+
+
 def _make_k32_decode_row(bbytes, quants, scales):
     """Row-decode intrinsic of a per-32 type (see _make_k32_row_dot) into (u, s, c)."""
 
@@ -363,7 +373,8 @@ def _make_k32_decode_row(bbytes, quants, scales):
                 _st(builder, ws, sp, fo)
                 _st(builder, c8, cp, fo)
                 for j in range(4):
-                    _st(builder, quants(builder, bp, j), ub, 64 * j)
+                    q = _tile_order(builder, quants(builder, bp, j))
+                    _st(builder, q, ub, 64 * j)
                 return []
 
             _loop(builder, _i64(context, builder, ns, st[2]), body, [])
@@ -381,8 +392,8 @@ _iq4xs_decode_row = _make_k32_decode_row(IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scal
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
-    """One Q4_K row (nsb superblocks at byte woff of w) -> unsigned weights u uint8 [256·nsb],
-    per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb], each written from
+    """One Q4_K row (nsb superblocks at byte woff of w) -> unsigned weights u uint8 [256·nsb]
+    (each 32-block's 4-byte groups in _tile_order), per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb], each written from
     its element offset (uoff, soff, coff): w_e = s[e//32] · u_e + c[e//32]."""
     _q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
@@ -498,7 +509,8 @@ def _make_k16_decode_row(bbytes, quants, scales):
                 _st(builder, s16, sp, fo)
                 _st(builder, c16, cp, fo)
                 for ch in range(4):
-                    _st(builder, quants(builder, bp, ch), ub, 64 * ch)
+                    q = _tile_order(builder, quants(builder, bp, ch))
+                    _st(builder, q, ub, 64 * ch)
                 return []
 
             _loop(builder, _i64(context, builder, args[2], st[2]), body, [])
@@ -516,8 +528,8 @@ _q2k_decode_row = _make_k16_decode_row(Q2K_BYTES, _q2k_quants, _q2k_scales)
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
-    """One Q6_K row -> unsigned weights u uint8 [256·nsb] (q + 32), per-16 scales s float32
-    [16·nsb] and biases c = -32·s, from element offsets uoff, soff, coff:
+    """One Q6_K row -> unsigned weights u uint8 [256·nsb] (q + 32; groups in _tile_order), per-16
+    scales s float32 [16·nsb] and biases c = -32·s, from element offsets uoff, soff, coff:
     w_e = s[e//16] · u_e + c[e//16]."""
     _q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
@@ -757,40 +769,32 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
                 way round)."""
                 xb = builder.gep(xp, [builder.mul(b, c64(32 * TOKENS))])
                 ub = builder.mul(b, c64(32))
-                z16 = ir.Constant(_V16I32, None)
-                lo2, hi2 = [z16] * TILE_ROWS, [z16] * TILE_ROWS  # lane 2t + j: groups 2p + j of token t
+                # lanes 2t, 2t+1: token t's sums of elements 0-15 (groups p) and 16-31 (groups p + 4)
+                lohi = [ir.Constant(_V16I32, None)] * TILE_ROWS
                 for p in range(4):
                     xv = _ld(builder, xb, 64 * p, _V64I8)
                     for r in range(TILE_ROWS):
-                        wq = _ld(builder, ur[r], builder.add(ub, c64(8 * p)), _I64)
+                        wq = _ld(builder, ur[r], builder.add(ub, c64(8 * p)), _I64)  # groups p, p + 4
                         wv = builder.bitcast(_splat(builder, wq, _v(_I64, 8)), _V64I8)
-                        if p < 2:
-                            lo2[r] = _dpbusd(builder, lo2[r], wv, xv)
-                        else:
-                            hi2[r] = _dpbusd(builder, hi2[r], wv, xv)
+                        lohi[r] = _dpbusd(builder, lohi[r], wv, xv)
                 xd = _ld(builder, xdp, builder.mul(b, c64(64)), _V16F)  # [8 tokens][2]: scale twice
                 xbv = _ld(builder, xbp, builder.mul(b, c64(64)), _V16F)  # [8 tokens][2]: (lo, hi) or twice
                 sb = builder.mul(b, c64(4 * nsc))
                 cb = builder.mul(b, c64(4 * nbias))
                 out = []
                 for r in range(TILE_ROWS):
-                    if not scale16:  # the block dot S_t in both lanes of token t
-                        s2 = builder.add(lo2[r], hi2[r])
-                        dot = builder.sitofp(builder.add(s2, swap(s2)), _V16F)
+                    if not scale16:  # the block dot S_t = lo_t + hi_t in both lanes of token t
+                        dot = builder.sitofp(builder.add(lohi[r], swap(lohi[r])), _V16F)
                         v = builder.fmul(dot, builder.fmul(xd, splat(sr[r], sb)))
                         out.append(builder.fadd(v, builder.fmul(splat(cr[r], cb), xbv)))
                         continue
-                    # lanes (a, b) of lo2 and (c, d) of hi2 -> (a + b, d + c) = (lo_t, hi_t)
-                    x2 = _shuf(builder, lo2[r], [i if i % 2 == 0 else 16 + i for i in range(16)], hi2[r])
-                    y2 = _shuf(builder, lo2[r], [16 + i if i % 2 == 0 else i for i in range(16)], hi2[r])
-                    lohi = builder.add(x2, swap(y2))
                     if ibias:  # xd · (float(lo - B·X_lo) · s_lo + float(hi - B·X_hi) · s_hi)
-                        f = builder.sitofp(builder.sub(lohi, builder.bitcast(xbv, _V16I32)), _V16F)
+                        f = builder.sitofp(builder.sub(lohi[r], builder.bitcast(xbv, _V16I32)), _V16F)
                         f = builder.fmul(f, pair(sr[r], sb))
                         out.append(builder.fmul(xd, builder.fadd(f, swap(f))))
                         continue
                     # (lo · (xd · s_lo) + hi · (xd · s_hi)) + (c_lo · xb_lo + c_hi · xb_hi)
-                    f = builder.fmul(builder.sitofp(lohi, _V16F), builder.fmul(xd, pair(sr[r], sb)))
+                    f = builder.fmul(builder.sitofp(lohi[r], _V16F), builder.fmul(xd, pair(sr[r], sb)))
                     q = builder.fmul(pair(cr[r], cb), xbv)
                     out.append(builder.fadd(builder.fadd(f, swap(f)), builder.fadd(q, swap(q))))
                 return out
@@ -830,8 +834,9 @@ def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
         w_b = float(Σ_j u_r[32b+j] · x_t[32b+j]) · (xdt[b, t] · s_r[b]) + c_r[b] · xbt[b, t]
     (per-32 weight scale s and bias c), summed in the canonical order (pairwise tree over each
     superblock's 8 terms, superblocks in sequence) that the gemv row dots reproduce exactly.
-    Row r's u uint8 [nblk·32] starts at element uoff + r·ustride (s, c float32 [nblk] likewise);
-    xi int8 is the paired tile [nblk][4 pairs p][8 tokens][groups 2p, 2p+1][4 bytes] from xioff;
+    Row r's u uint8 [nblk·32] (groups in _tile_order) starts at element uoff + r·ustride (s, c
+    float32 [nblk] likewise); xi int8 is the tile [nblk][4 pairs p][8 tokens][groups p, p+4][4
+    bytes] from xioff;
     xdt float32 [nblk][8 tokens][2] activation scales (each twice) from xdoff; xbt float32
     [nblk][8][2] scale × block sums (each twice) from xboff. Nothing is bounds-checked."""
     _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,

@@ -137,9 +137,9 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _tile_word(b, g, t):
-    """Index of token t's 4-byte group g of block b in a tile's int32 words: [block][4 pairs][8
-    tokens][2 groups] (pair lanes, see kquant_simd.tile_dot)."""
-    return b * 64 + (g >> 1) * 16 + 2 * t + (g & 1)
+    """Index of token t's 4-byte group g of block b in a tile's int32 words: [block][4 pairs p][8
+    tokens][groups p, p + 4] (pair lanes, see kquant_simd.tile_dot)."""
+    return b * 64 + (g & 3) * 16 + 2 * t + (g >> 2)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
