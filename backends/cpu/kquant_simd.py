@@ -9,20 +9,17 @@ scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte v
   summed exactly into per-block (per-16 for Q6_K/Q3_K/Q2_K) dots, and the two rows' float work
   shares 16-lane vectors. Per-32 types use a gemv layout of 4 blocks per vector (_q4k_il; the
   activations permuted alike by `interleave_blocks`), so two vpdpbusd accumulate 4 blocks.
-- gemm (8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k] (each
-  32-block's 4-byte groups in the order 0, 4, 1, 5, 2, 6, 3, 7: _tile_order) and float scales /
-  biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of activations in pair lanes
-  ([k/32][4 pairs p][8 tokens][groups p, p+4][4 bytes]) with 8-byte weight broadcasts: zmm
-  lanes 2t, 2t+1 accumulate token t's sums of elements 0-15 (lo) and 16-31 (hi), so one vpdpbusd
-  does 64 useful products and needs no horizontal sum (the per-32 block sum is one in-lane swap
-  and add), and the float work runs in the same pair lanes; each activation vector load serves
-  all TILE_ROWS rows.
-Measured on the 2-core Zen 5 host: two pipes issue vpdpbusd (~8.4 zmm a ns a core) and float
-multiplies, cross-lane permutes and 64-bit rotates take the same pipes, while adds, conversions,
+- gemm (16- or 8-token tiles): `<type>_decode_row` unpack one row once into unsigned bytes u [k]
+  and float scales / biases; `tile_dot` multiplies TILE_ROWS such rows by a tile of 4-interleaved
+  activations ([k/32][8 groups][tokens][4 bytes]) with broadcast weight words, tokens in the
+  lanes of one zmm (16) or ymm (8: same cost per token on hosts that split 512-bit ops), no
+  horizontal sums; each activation vector load serves all TILE_ROWS rows.
+Measured on the 2-core Zen 5 host (loops of independent ops, 2026-11-30): two pipes issue vpdpbusd, ~8.4 a ns a core whether zmm or ymm, and float multiplies,
+cross-lane permutes (vpermt2d) and 64-bit rotates take the same pipes, while adds, conversions,
 in-lane shuffles, blends and broadcast loads do not; so a tile costs about its vpdpbusd +
-multiplies, and the tile has no cross-lane permute. Against the former tiles (tokens in the
-lanes, 16 per zmm or 8 per ymm), on 640 x 2048 tensors (1 thread): n = 8 costs ~0.8x, n = 16 the
-same (Q4_K) to ~0.85x (Q6_K, Q3_K, Q2_K).
+multiplies, and an 8-token ymm tile costs nearly a 16-token one. (An 8-token tile with token t in
+zmm lanes 2t, 2t+1 was ~0.8x at n = 8 but ~1.2x at n >= 16 for the per-32 types, as its float
+work is duplicated in both lanes: not kept.)
 
 Batch invariance: a token's output must not depend on the kernel its batch size picks, so gemv
 and gemm compute the same float operations in the same order per (row, token): the block term
@@ -53,7 +50,7 @@ from numba.extending import intrinsic
 USE_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 USE_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
 
-TOKENS = 8  # tokens per gemm tile: token t in lanes 2t, 2t+1 of 512-bit vectors (pair lanes)
+TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 / float32 lanes
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32 = ir.FloatType()
@@ -342,13 +339,6 @@ def _iq4xs_quants_il(builder, bp, j):
     return _lut16(builder, nib)
 
 
-def _tile_order(builder, v):
-    """64 unsigned weights (two 32-blocks) with each block's 4-byte groups reordered 0, 4, 1, 5,
-    2, 6, 3, 7: one 8-byte broadcast then holds groups p and p + 4 (tile_dot's pair lanes)."""
-    w = builder.bitcast(v, _V16I32)
-    return builder.bitcast(_shuf(builder, w, [8 * h + i for h in range(2) for i in (0, 4, 1, 5, 2, 6, 3, 7)]), _V64I8)
-
-
 def _make_k32_decode_row(bbytes, quants, scales):
     """Row-decode intrinsic of a per-32 type (see _make_k32_row_dot) into (u, s, c)."""
 
@@ -373,8 +363,7 @@ def _make_k32_decode_row(bbytes, quants, scales):
                 _st(builder, ws, sp, fo)
                 _st(builder, c8, cp, fo)
                 for j in range(4):
-                    q = _tile_order(builder, quants(builder, bp, j))
-                    _st(builder, q, ub, 64 * j)
+                    _st(builder, quants(builder, bp, j), ub, 64 * j)
                 return []
 
             _loop(builder, _i64(context, builder, ns, st[2]), body, [])
@@ -392,8 +381,8 @@ _iq4xs_decode_row = _make_k32_decode_row(IQ4XS_BYTES, _iq4xs_quants, _iq4xs_scal
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
-    """One Q4_K row (nsb superblocks at byte woff of w) -> unsigned weights u uint8 [256·nsb]
-    (each 32-block's 4-byte groups in _tile_order), per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb], each written from
+    """One Q4_K row (nsb superblocks at byte woff of w) -> unsigned weights u uint8 [256·nsb],
+    per-32 scales s float32 [8·nsb] and biases c = -dmin·min float32 [8·nsb], each written from
     its element offset (uoff, soff, coff): w_e = s[e//32] · u_e + c[e//32]."""
     _q4k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
@@ -509,8 +498,7 @@ def _make_k16_decode_row(bbytes, quants, scales):
                 _st(builder, s16, sp, fo)
                 _st(builder, c16, cp, fo)
                 for ch in range(4):
-                    q = _tile_order(builder, quants(builder, bp, ch))
-                    _st(builder, q, ub, 64 * ch)
+                    _st(builder, quants(builder, bp, ch), ub, 64 * ch)
                 return []
 
             _loop(builder, _i64(context, builder, args[2], st[2]), body, [])
@@ -528,8 +516,8 @@ _q2k_decode_row = _make_k16_decode_row(Q2K_BYTES, _q2k_quants, _q2k_scales)
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff):
-    """One Q6_K row -> unsigned weights u uint8 [256·nsb] (q + 32; groups in _tile_order), per-16
-    scales s float32 [16·nsb] and biases c = -32·s, from element offsets uoff, soff, coff:
+    """One Q6_K row -> unsigned weights u uint8 [256·nsb] (q + 32), per-16 scales s float32
+    [16·nsb] and biases c = -32·s, from element offsets uoff, soff, coff:
     w_e = s[e//16] · u_e + c[e//16]."""
     _q6k_decode_row(w, woff, nsb, u, uoff, s, soff, c, coff)
 
@@ -732,10 +720,11 @@ def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride,
 TILE_ROWS = 4  # weight rows per tile_dot call: each activation vector load serves all of them
 
 
-def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
-    """Intrinsic for TILE_ROWS decoded rows × one TOKENS-token tile in pair lanes; scale16 /
-    bias16: per-16 (else per-32) weight scales / biases; ibias: biases c = -B·s folded into the
-    integer dots (xbt then holds int32 B · half sums; c is not read)."""
+def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False, nt: int = TOKENS):
+    """Intrinsic for TILE_ROWS decoded rows × one nt-token tile (16: zmm lanes, 8: ymm lanes, as
+    fast per token on hosts that split 512-bit ops in two); scale16 / bias16: per-16 (else
+    per-32) weight scales / biases; ibias: biases c = -B·s folded into the integer dots (xbt then
+    holds int32 B · half sums; c is not read)."""
 
     @intrinsic
     def _tile_dot(typingctx, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
@@ -759,44 +748,49 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
             sr = [builder.gep(sp, [builder.mul(i64(5), c64(4 * r))]) for r in range(TILE_ROWS)]
             cr = [builder.gep(cp, [builder.mul(i64(8), c64(4 * r))]) for r in range(TILE_ROWS)]
             nsc, nbias = (2 if scale16 else 1), (2 if bias16 else 1)
-            swap = lambda v: _shuf(builder, v, [i ^ 1 for i in range(16)])  # noqa: E731  (in-lane vpshufd)
-            splat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), _V16F)  # noqa: E731
-            pair = lambda p, off: _shuf(builder, _ld(builder, p, off, _v(_F32, 2)), [0, 1] * 8)  # noqa: E731
+            vi, vf, vb = _v(_I32, nt), _v(_F32, nt), _v(_I8, 4 * nt)
+            zero_i, zero_f = ir.Constant(vi, None), ir.Constant(vf, None)
+            fsplat = lambda p, off: _splat(builder, _ld(builder, p, off, _F32), vf)  # noqa: E731
 
             def block_terms(b):
-                """Per-row pair-lane vectors of the canonical block term w_b (see _tree8): token t's
-                term in lane 2t (lane 2t+1 holds the same, or the same two terms added the other
-                way round)."""
-                xb = builder.gep(xp, [builder.mul(b, c64(32 * TOKENS))])
+                """Per-row [nt]-token vectors of the canonical block term w_b (see _tree8)."""
+                xb = builder.gep(xp, [builder.mul(b, c64(32 * nt))])
                 ub = builder.mul(b, c64(32))
-                # lanes 2t, 2t+1: token t's sums of elements 0-15 (groups p) and 16-31 (groups p + 4)
-                lohi = [ir.Constant(_V16I32, None)] * TILE_ROWS
-                for p in range(4):
-                    xv = _ld(builder, xb, 64 * p, _V64I8)
+                lo, hi = [zero_i] * TILE_ROWS, [zero_i] * TILE_ROWS
+                for g in range(8):  # int32 chains per row: elements 0-15 (lo), 16-31 (hi)
+                    xv = _ld(builder, xb, 4 * nt * g, vb)
                     for r in range(TILE_ROWS):
-                        wq = _ld(builder, ur[r], builder.add(ub, c64(8 * p)), _I64)  # groups p, p + 4
-                        wv = builder.bitcast(_splat(builder, wq, _v(_I64, 8)), _V64I8)
-                        lohi[r] = _dpbusd(builder, lohi[r], wv, xv)
-                xd = _ld(builder, xdp, builder.mul(b, c64(64)), _V16F)  # [8 tokens][2]: scale twice
-                xbv = _ld(builder, xbp, builder.mul(b, c64(64)), _V16F)  # [8 tokens][2]: (lo, hi) or twice
+                        wword = _ld(builder, ur[r], builder.add(ub, c64(4 * g)), _I32)
+                        wv = builder.bitcast(_splat(builder, wword, vi), vb)
+                        if g < 4:
+                            lo[r] = _dpbusd(builder, lo[r], wv, xv)
+                        else:
+                            hi[r] = _dpbusd(builder, hi[r], wv, xv)
+                xd = _ld(builder, xdp, builder.mul(b, c64(4 * nt)), vf)
+                xbv = [_ld(builder, xbp, builder.add(builder.mul(b, c64(4 * nt * nbias)), c64(4 * nt * q)), vf)
+                       for q in range(nbias)]
                 sb = builder.mul(b, c64(4 * nsc))
                 cb = builder.mul(b, c64(4 * nbias))
                 out = []
+                if ibias:
+                    xbi = [builder.bitcast(v, vi) for v in xbv]
+                    for r in range(TILE_ROWS):
+                        lo_f = builder.sitofp(builder.sub(lo[r], xbi[0]), vf)
+                        hi_f = builder.sitofp(builder.sub(hi[r], xbi[1]), vf)
+                        v = builder.fadd(builder.fmul(lo_f, fsplat(sr[r], sb)), builder.fmul(hi_f, fsplat(sr[r], builder.add(sb, c64(4)))))
+                        out.append(builder.fmul(xd, v))
+                    return out
                 for r in range(TILE_ROWS):
-                    if not scale16:  # the block dot S_t = lo_t + hi_t in both lanes of token t
-                        dot = builder.sitofp(builder.add(lohi[r], swap(lohi[r])), _V16F)
-                        v = builder.fmul(dot, builder.fmul(xd, splat(sr[r], sb)))
-                        out.append(builder.fadd(v, builder.fmul(splat(cr[r], cb), xbv)))
-                        continue
-                    if ibias:  # xd · (float(lo - B·X_lo) · s_lo + float(hi - B·X_hi) · s_hi)
-                        f = builder.sitofp(builder.sub(lohi[r], builder.bitcast(xbv, _V16I32)), _V16F)
-                        f = builder.fmul(f, pair(sr[r], sb))
-                        out.append(builder.fmul(xd, builder.fadd(f, swap(f))))
-                        continue
-                    # (lo · (xd · s_lo) + hi · (xd · s_hi)) + (c_lo · xb_lo + c_hi · xb_hi)
-                    f = builder.fmul(builder.sitofp(lohi[r], _V16F), builder.fmul(xd, pair(sr[r], sb)))
-                    q = builder.fmul(pair(cr[r], cb), xbv)
-                    out.append(builder.fadd(builder.fadd(f, swap(f)), builder.fadd(q, swap(q))))
+                    if scale16:
+                        v = builder.fadd(builder.fmul(builder.sitofp(lo[r], vf), builder.fmul(xd, fsplat(sr[r], sb))),
+                                         builder.fmul(builder.sitofp(hi[r], vf),
+                                                      builder.fmul(xd, fsplat(sr[r], builder.add(sb, c64(4))))))
+                    else:
+                        v = builder.fmul(builder.sitofp(builder.add(lo[r], hi[r]), vf), builder.fmul(xd, fsplat(sr[r], sb)))
+                    bias = builder.fmul(fsplat(cr[r], cb), xbv[0])
+                    if bias16:
+                        bias = builder.fadd(bias, builder.fmul(fsplat(cr[r], builder.add(cb, c64(4))), xbv[1]))
+                    out.append(builder.fadd(v, bias))
                 return out
 
             def body(i, acc):  # one superblock: 8 blocks summed in _tree8's order, then added
@@ -811,9 +805,9 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
                 return new
 
             nsb = builder.udiv(i64(15), c64(8))
-            acc = _loop(builder, nsb, body, [ir.Constant(_V16F, None)] * TILE_ROWS)
+            acc = _loop(builder, nsb, body, [zero_f] * TILE_ROWS)
             for r in range(TILE_ROWS):
-                _st(builder, _shuf(builder, acc[r], range(0, 16, 2)), op, 4 * TOKENS * r)  # even lanes
+                _st(builder, acc[r], op, 4 * nt * r)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -824,21 +818,22 @@ def _make_tile_dot(scale16: bool, bias16: bool, ibias: bool = False):
 _tile_dot_s32_b32 = _make_tile_dot(False, False)
 _tile_dot_s16_b16 = _make_tile_dot(True, True)
 _tile_dot_s16_ib = _make_tile_dot(True, True, True)
-
+_tile8_dot_s32_b32 = _make_tile_dot(False, False, nt=8)
+_tile8_dot_s16_b16 = _make_tile_dot(True, True, nt=8)
+_tile8_dot_s16_ib = _make_tile_dot(True, True, True, nt=8)
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
-    """TILE_ROWS decoded rows × one TOKENS-token tile over nblk 32-blocks b (nblk a multiple of 8);
-    for row r and token t, out[ooff + TOKENS·r + t] = Σ_b w_b with the block term
+    """TILE_ROWS decoded rows × one 16-token tile over nblk 32-blocks b (nblk a multiple of 8);
+    for row r and token t, out[ooff + 16r + t] = Σ_b w_b with the block term
         w_b = float(Σ_j u_r[32b+j] · x_t[32b+j]) · (xdt[b, t] · s_r[b]) + c_r[b] · xbt[b, t]
     (per-32 weight scale s and bias c), summed in the canonical order (pairwise tree over each
     superblock's 8 terms, superblocks in sequence) that the gemv row dots reproduce exactly.
-    Row r's u uint8 [nblk·32] (groups in _tile_order) starts at element uoff + r·ustride (s, c
-    float32 [nblk] likewise); xi int8 is the tile [nblk][4 pairs p][8 tokens][groups p, p+4][4
-    bytes] from xioff;
-    xdt float32 [nblk][8 tokens][2] activation scales (each twice) from xdoff; xbt float32
-    [nblk][8][2] scale × block sums (each twice) from xboff. Nothing is bounds-checked."""
+    Row r's u uint8 [nblk·32] starts at element uoff + r·ustride (s, c float32 [nblk] likewise);
+    xi int8 is the 4-interleaved tile [nblk][8 groups][16 tokens][4] from xioff; xdt float32
+    [nblk][16] activation scales from xdoff; xbt float32 [nblk][16] scale × block sums from xboff.
+    Nothing is bounds-checked."""
     _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
 
@@ -847,9 +842,9 @@ def tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff):
     """As tile_dot_s32_b32 with per-16 scales and biases: s_r, c_r float32 [nblk][2] and xbt float32
-    [nblk][8 tokens][2] (scale × sums of elements 0-15 and 16-31 of each block), and the block term
+    [nblk][2][16] (scale × sums of elements 0-15 and 16-31 of each block), and the block term
         w_b = (float(lo) · (xdt · s_r[b,0]) + float(hi) · (xdt · s_r[b,1]))
-              + (c_r[b,0] · xbt[b,t,0] + c_r[b,1] · xbt[b,t,1])."""
+              + (c_r[b,0] · xbt[b,0,t] + c_r[b,1] · xbt[b,1,t])."""
     _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                       nblk, out, ooff)
 
@@ -858,28 +853,41 @@ def tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, x
 def tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                     nblk, out, ooff):
     """As tile_dot_s16_b16 for per-16 types whose bias is c = -B·s (Q6_K B = 32, Q3_K B = 4): xbt
-    holds, as int32 bits, [nblk][8 tokens][2] B × the sums of elements 0-15 and 16-31 of each
-    block, and the block term is
-        w_b = xdt · (float(lo - xbt[b,t,0]) · s_r[b,0] + float(hi - xbt[b,t,1]) · s_r[b,1])
+    holds, as int32 bits, [nblk][2][16] B × the sums of elements 0-15 and 16-31 of each block, and
+    the block term is
+        w_b = xdt · (float(lo - xbt[b,0,t]) · s_r[b,0] + float(hi - xbt[b,1,t]) · s_r[b,1])
     (the bias leaves the float work: exact integer dots of the signed weights); c is not read."""
     _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
                      nblk, out, ooff)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def tile_dot(kind, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+def tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
              nblk, out, ooff):
-    """The tile dot of type `kind`: tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K /
-    Q3_K, tile_dot_s16_b16 for Q2_K."""
+    """The tile dot of type `kind` for an nt-token tile (16 or 8; the layouts above with 16
+    replaced by nt): tile_dot_s32_b32 for per-32 types, tile_dot_s16_ib for Q6_K / Q3_K,
+    tile_dot_s16_b16 for Q2_K."""
     if kind == KIND_Q6K or kind == KIND_Q3K:
-        _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                         nblk, out, ooff)
+        if nt == 8:
+            _tile8_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                              nblk, out, ooff)
+        else:
+            _tile_dot_s16_ib(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                             nblk, out, ooff)
     elif kind == KIND_Q2K:
-        _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                          nblk, out, ooff)
+        if nt == 8:
+            _tile8_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                               nblk, out, ooff)
+        else:
+            _tile_dot_s16_b16(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                              nblk, out, ooff)
     else:
-        _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-                          nblk, out, ooff)
+        if nt == 8:
+            _tile8_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                               nblk, out, ooff)
+        else:
+            _tile_dot_s32_b32(u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
+                              nblk, out, ooff)
 
 
 @nb.njit(cache=True, nogil=True)

@@ -11,7 +11,7 @@ w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
   each superblock is unpacked once in registers for all the group's tokens (n = 2 / 4 cost ~1.4x /
   ~2x n = 1 on Q4_K, not 2x / 4x).
 - gemm (larger n): rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot per
-  4 rows × 8-token tile (token t in zmm lanes 2t, 2t+1: kquant_simd's pair lanes).
+  4 rows × 16-token tile (8-token tiles when a pass has at most 8 tokens).
 Both are one compiled kernel for every type (a run-time `kind` picks the unpacker), wrapped per
 type by TypedKernel. Q4_K / Q6_K carry the default model's layers.
 Every type's gemv and gemm compute the same float operations in the same order per (row, token)
@@ -135,84 +135,59 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
 # ------------------------------------------------------------------------------- gemm
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _tile_word(b, g, t):
-    """Index of token t's 4-byte group g of block b in a tile's int32 words: [block][4 pairs p][8
-    tokens][groups p, p + 4] (pair lanes, see kquant_simd.tile_dot)."""
-    return b * 64 + (g & 3) * 16 + 2 * t + (g >> 2)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _term_index(b, q, t):
-    """Index of token t's float term q (0 or 1) of block b in a tile's xdt / xbt: [block][8
-    tokens][2 lanes] (a block's only term goes to both lanes)."""
-    return b * 16 + 2 * t + q
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _tile_buffers(ntile, nblk):
-    """Uninitialized (xi, xdt, xbt) for ntile TOKENS-token tiles of nblk blocks (see _prepare_tiles)."""
-    xi = np.empty((ntile, nblk * 32 * TOKENS), np.int8)  # [ntile, k/32 · 4 pairs · 8 tokens · 8]
-    xdt = np.empty((ntile, nblk * 2 * TOKENS), np.float32)  # [ntile, k/32 · 8 tokens · 2]
-    xbt = np.empty((ntile, nblk * 2 * TOKENS), np.float32)  # [ntile, k/32 · 8 tokens · 2]
-    return xi, xdt, xbt
-
-
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _prepare_tiles(xq, xd, xs, n0, bias16, ib, xi, xdt, xbt):
-    """Tokens n0 : n0 + TOKENS·ntile of (xq, xd, xs) as tiles (missing tokens zero) in
-    _tile_buffers' arrays: xi int8 (4-byte groups placed by _tile_word, as tile_dot reads them),
-    xdt float32 activation scales and xbt float32 scale × sums, placed by _term_index: per block
-    the block sum (twice) or, with bias16, the sums of elements 0-15 and 16-31; with ib > 0 those
-    two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
+def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
+    """Tokens n0 : n0 + tw·ntile of (xq, xd, xs) as tw-token tiles (tw 16 or 8; missing tokens
+    zero): xi int8 [ntile, k/32 · 32·tw] ([block][8 groups][tw tokens][4 bytes], as tile_dot
+    reads it), xdt float32 [ntile, k/32 · tw] activation scales, and xbt float32 scale × sums: per
+    block [tw] (block sums) or, with bias16, [2][tw] (sums of elements 0-15 and 16-31); with
+    ib > 0 those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
     n, k = xq.shape
     nblk = k // 32
     ntile = xi.shape[0]
+    nb_ = 2 if bias16 else 1
     xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
-    xi4 = xi.view(np.int32)  # [ntile, k/32 · 64]
+    xi4 = xi.view(np.int32)  # [ntile, k/32 · 8·tw]
     xbi = xbt.view(np.int32)  # int bias terms (ib > 0)
-    # one task per (tile, block), all tokens: a 64-byte line holds several tokens' words, so
-    # tasks split by token would share lines between threads (~8x slower at 2 threads, n = 16)
+    # one task per (tile, block), all tw tokens: a 64-byte line holds 16 tokens' words, so tasks
+    # split by token would share every line between threads (~8x slower at 2 threads, n = 16)
     for it in nb.prange(ntile * nblk):
         tile = it // nblk
         b = it % nblk
-        for t in range(TOKENS):
-            tok = n0 + tile * TOKENS + t
+        for t in range(tw):
+            tok = n0 + tile * tw + t
             if tok < n:
                 for g in range(8):
-                    xi4[tile, _tile_word(b, g, t)] = xq4[tok, b * 8 + g]
+                    xi4[tile, (b * 8 + g) * tw + t] = xq4[tok, b * 8 + g]
                 d = xd[tok, b]
-                xdt[tile, _term_index(b, 0, t)] = d
-                xdt[tile, _term_index(b, 1, t)] = d
+                xdt[tile, b * tw + t] = d
                 if bias16:
                     lo = np.int32(0)
                     for l in range(16):
                         lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
                     if ib > 0:
-                        xbi[tile, _term_index(b, 0, t)] = np.int32(ib * lo)
-                        xbi[tile, _term_index(b, 1, t)] = np.int32(ib * (xs[tok, b] - lo))
+                        xbi[tile, 2 * b * tw + t] = np.int32(ib * lo)
+                        xbi[tile, (2 * b + 1) * tw + t] = np.int32(ib * (xs[tok, b] - lo))
                     else:
-                        xbt[tile, _term_index(b, 0, t)] = d * np.float32(lo)
-                        xbt[tile, _term_index(b, 1, t)] = d * np.float32(xs[tok, b] - lo)
+                        xbt[tile, 2 * b * tw + t] = d * np.float32(lo)
+                        xbt[tile, (2 * b + 1) * tw + t] = d * np.float32(xs[tok, b] - lo)
                 else:
-                    v = d * np.float32(xs[tok, b])
-                    xbt[tile, _term_index(b, 0, t)] = v
-                    xbt[tile, _term_index(b, 1, t)] = v
+                    xbt[tile, b * tw + t] = d * np.float32(xs[tok, b])
             else:
                 for g in range(8):
-                    xi4[tile, _tile_word(b, g, t)] = 0
-                for q in range(2):
-                    xdt[tile, _term_index(b, q, t)] = 0.0
-                    xbt[tile, _term_index(b, q, t)] = 0.0
+                    xi4[tile, (b * 8 + g) * tw + t] = 0
+                xdt[tile, b * tw + t] = 0.0
+                for q in range(nb_):
+                    xbt[tile, (nb_ * b + q) * tw + t] = 0.0
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
-    """y[n0 : n0 + n_live, :] for prepared tiles; `kind` picks the row decoder and tile
+def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
+    """y[n0 : n0 + n_live, :] for prepared tw-token tiles; `kind` picks the row decoder and tile
     dot at run time (one compiled kernel for every type; the branches are per row and per tile)."""
     m, rb = w.shape
     ntile = xi.shape[0]
-    nblk = xdt.shape[1] // (2 * TOKENS)
+    nblk = xdt.shape[1] // tw
     k = nblk * 32
     nsb = k // QK_K
     s16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K
@@ -224,7 +199,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
         u = np.empty(GEMM_ROWS * k, np.uint8)  # [rows, k] decoded unsigned weights
         s = np.empty(GEMM_ROWS * ns, np.float32)  # [rows, ns]
         c = np.empty(GEMM_ROWS * nc, np.float32)  # [rows, nc]
-        acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, TOKENS] rows × one tile
+        acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, tw] rows × one tile
         for grp in range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks):
             r0 = grp * GEMM_ROWS
             nr = min(m - r0, GEMM_ROWS)
@@ -246,31 +221,39 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y):
                 else:
                     iq4xs_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
             for tile in range(ntile):
-                live = min(TOKENS, n_live - tile * TOKENS)
-                xio, xdo, xbo = tile * xi.shape[1], tile * xdt.shape[1], tile * xbt.shape[1]
-                tile_dot(kind, u, 0, k, s, 0, ns, c, 0, nc, xi, xio, xdt, xdo, xbt, xbo, nblk, acc, 0)
+                live = min(tw, n_live - tile * tw)
+                xdo = tile * nblk * tw
+                xbo = 2 * xdo if s16 else xdo
+                tile_dot(kind, tw, u, 0, k, s, 0, ns, c, 0, nc, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0)
                 for i in range(nr):
                     for t in range(live):
-                        y[n0 + tile * TOKENS + t, r0 + i] = acc[i * TOKENS + t]
+                        y[n0 + tile * tw + t, r0 + i] = acc[i * tw + t]
 
 
 @nb.njit(cache=True, nogil=True)
 def _gemm(kind, w, xq, xd, xs, y):
-    """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows."""
+    """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
+    at most 8 tokens uses 8-token tiles (ymm lanes: ~0.9x the time of a 16-token tile on Zen 5,
+    where ymm and zmm vpdpbusd issue at the same rate)."""
     n, k = xq.shape
     nblk = k // 32
     bias16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K
+    nb_ = 2 if bias16 else 1
     per_pass = max(1, _TILE_BYTES // (TOKENS * k)) * TOKENS
     for n0 in range(0, n, per_pass):
         n_live = min(n - n0, per_pass)
-        xi, xdt, xbt = _tile_buffers((n_live + TOKENS - 1) // TOKENS, nblk)
-        _prepare_tiles(xq, xd, xs, n0, bias16, _int_bias(kind), xi, xdt, xbt)
-        _gemm_rows(kind, w, n0, n_live, xi, xdt, xbt, y)
+        tw = 8 if n_live <= 8 else TOKENS
+        ntile = (n_live + tw - 1) // tw
+        xi = np.empty((ntile, nblk * 32 * tw), np.int8)  # [ntile, k/32 · 8 · tw · 4]
+        xdt = np.empty((ntile, nblk * tw), np.float32)  # [ntile, k/32 · tw]
+        xbt = np.empty((ntile, nb_ * nblk * tw), np.float32)  # [ntile, k/32 · (1|2) · tw]
+        _prepare_tiles(xq, xd, xs, n0, tw, bias16, _int_bias(kind), xi, xdt, xbt)
+        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y)
 
 
 @nb.njit(cache=True, nogil=True)
 def gemm_kquant(w, xq, xd, xs, y, kind):
-    """y[n, m] = x @ W.T tiled over TOKENS tokens, for every type: `kind` (KIND_*) picks the
+    """y[n, m] = x @ W.T tiled over 16 (or 8) tokens, for every type: `kind` (KIND_*) picks the
     row decoder. One compiled kernel for all types: Numba re-optimizes a callee into each caller,
     so per-type njit wrappers would cost ~10 s of compile each."""
     _gemm(kind, w, xq, xd, xs, y)

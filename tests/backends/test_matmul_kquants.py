@@ -98,15 +98,17 @@ def _fresh(fn):
     return nb.njit(parallel=fn.targetoptions.get("parallel", False), nogil=True, fastmath=False)(fn.py_func)
 
 
-def _tiled_gemm(rows_kernel, kind, w, x):
+def _tiled_gemm(rows_kernel, kind, w, x, tw=16):
     """y = x @ W.T through _prepare_tiles and the given (fresh) _gemm_rows copy; n <= 128."""
     xq, xd, xs = quantize_activations(x)
     n, k = x.shape
-    bias16 = kind not in (mk._KIND_Q4K, mk._KIND_Q5K, mk._KIND_IQ4XS)
-    xi, xdt, xbt = mk._tile_buffers((n + mk.TOKENS - 1) // mk.TOKENS, k // 32)
-    mk._prepare_tiles(xq, xd, xs, 0, bias16, mk._int_bias(kind), xi, xdt, xbt)
+    ntile, nblk, nb_ = (n + tw - 1) // tw, k // 32, (1 if kind in (mk._KIND_Q4K, mk._KIND_Q5K, mk._KIND_IQ4XS) else 2)
+    xi = np.empty((ntile, nblk * 32 * tw), np.int8)
+    xdt = np.empty((ntile, nblk * tw), np.float32)
+    xbt = np.empty((ntile, nb_ * nblk * tw), np.float32)
+    mk._prepare_tiles(xq, xd, xs, 0, tw, nb_ == 2, mk._int_bias(kind), xi, xdt, xbt)
     y = np.full((n, w.n_rows), np.nan, np.float32)
-    rows_kernel(kind, w.rows(), 0, n, xi, xdt, xbt, y)
+    rows_kernel(kind, tw, w.rows(), 0, n, xi, xdt, xbt, y)
     return y
 
 
@@ -133,9 +135,10 @@ def test_vector_paths(use_vnni):
             ref = x @ reference_dequantize(w).T
             y_gemv = _run(lambda *a: gemv(*a, kind), w, x)
             assert _rel_err(y_gemv, ref) < REL_ERR[qtype]
-            y_gemm = _tiled_gemm(rows_kernel, kind, w, x)
-            assert _rel_err(y_gemm, ref) < REL_ERR[qtype]
-            assert np.array_equal(y_gemv, y_gemm), f"{qtype.name}: gemv and gemm differ"
+            for tw in (16, 8):
+                y_gemm = _tiled_gemm(rows_kernel, kind, w, x, tw)
+                assert _rel_err(y_gemm, ref) < REL_ERR[qtype]
+                assert np.array_equal(y_gemv, y_gemm), f"{qtype.name}: gemv and {tw}-token gemm differ"
         assert ("vpdpbusd" in gemv.inspect_asm(gemv.signatures[0])) == use_vnni
         assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
     finally:
@@ -174,5 +177,5 @@ def test_every_batch_size_gives_identical_rows(qtype):
     alone = np.concatenate([_run(gemv, w, x[t : t + 1]) for t in range(17)])  # [17, m]
     for n in range(2, 8):
         np.testing.assert_array_equal(_run(gemv, w, x[:n]), alone[:n], err_msg=f"gemv n={n}")
-    for n in (2, 5, 8, 9, 16, 17):  # one partial / full 8-token tile, two full tiles, partial third
+    for n in (2, 5, 8, 9, 16, 17):  # 8-token tiles (n <= 8), 16-token tiles, a partial tile
         np.testing.assert_array_equal(_run(gemm, w, x[:n]), alone[:n], err_msg=f"gemm n={n}")
