@@ -102,7 +102,7 @@ class KVPlan:
     def describe(self) -> str:
         """'N blocks x bs tokens (X MiB)' for the log, both pools when there are two."""
         bs, lay = self.block_size, self.layout
-        kind = "sliding-window" if lay.window and not lay.two_groups else "full-attention" if lay.two_groups else "all"
+        kind = "full-attention" if lay.two_groups else "sliding-window" if lay.window else "all"
         text = (f"{self.num_blocks} blocks x {bs} tokens ({kind} layers, "
                 f"{self.num_blocks * bs * lay.bytes_per_token / 2**20:.0f} MiB)")
         if self.window_num_blocks:
