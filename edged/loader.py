@@ -73,7 +73,7 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
          batch_tokens: int = 512) -> LoadedModel:
     """Resolve, validate and load a model (default: the installed default model).
 
-    backend/gpu_layers: see edged.offload.plan; kv_tokens (an int, or a function of the model)
+    backend/gpu_layers: see edged.offload.plan; kv_tokens (as plan takes it, or a function of the model)
     sizes the KV the GPU layers must hold.
     Prints one line with load and compile times to stderr unless quiet; a progress bar on a TTY.
     """

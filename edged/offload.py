@@ -52,9 +52,11 @@ def workspace_bytes(model, batch_tokens: int) -> int:
     return batch_tokens * per_token + 64 * model.vocab_size * 4
 
 
-def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens: int = 4096,
+def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
          batch_tokens: int = 512, probe=None) -> Placement:
-    """Choose the backend and the GPU layer count for `model` holding KV for `kv_tokens` tokens.
+    """Choose the backend and the GPU layer count for `model` holding KV for `kv_tokens` tokens:
+    an int for every layer, or (full, window) when sliding-window layers have their own, smaller
+    pool (window None: one pool for all).
 
     gpu_layers: None/'auto' = as many as fit in free device memory after their KV slabs, the step
     workspace and a safety margin; an int >= n_layers = every layer and the output projection.
@@ -79,8 +81,12 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens: int = 4096
         return Placement("cpu", 0, False, f"backend cpu ({why})")
     if not dev.usable:
         raise OffloadError(f"--backend cuda: {dev.reason}")
-    kv_per_layer = kv_tokens * model.kv_bytes_per_token() // n_layers
-    layer_cost = [model.layer_bytes(i) + kv_per_layer for i in range(n_layers)]
+    full_tokens, window_tokens = kv_tokens if isinstance(kv_tokens, tuple) else (kv_tokens, None)
+    layer_token_bytes = model.kv_bytes_per_token() // n_layers  # every layer has the same K/V shape
+    layer_cost = [model.layer_bytes(i) + layer_token_bytes * (
+        window_tokens if window_tokens is not None and model.layer_window(i) else full_tokens)
+        for i in range(n_layers)]
+    kv_desc = f"{full_tokens}" if window_tokens is None else f"{full_tokens} (sliding layers: {window_tokens})"
     out_cost = model.output_bytes()
     budget = dev.free_bytes - SAFETY_MARGIN_BYTES - workspace_bytes(model, batch_tokens)
     if want is None:  # auto: the first layers that fit, then the output projection if all did
@@ -96,13 +102,13 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens: int = 4096
         if used > budget:
             raise OffloadError(
                 f"--gpu-layers {want}: {n} layers{' + output' if out else ''} need "
-                f"{used / 2**20:.1f} MiB (weights + KV for {kv_tokens} tokens), but only "
+                f"{used / 2**20:.1f} MiB (weights + KV for {kv_desc} tokens), but only "
                 f"{max(budget, 0) / 2**20:.1f} MiB of {dev.free_bytes / 2**20:.1f} MiB free remain after "
                 f"the {SAFETY_MARGIN_BYTES // 2**20} MiB margin and the step workspace; lower "
                 f"--gpu-layers, --ctx/--max-seqs or --kv-memory")
     summary = (f"backend cuda on {dev.describe()}: {n}/{n_layers} layers"
                f"{' + output' if out else ''} on the GPU ({used / 2**20:.0f} MiB incl. KV for "
-               f"{kv_tokens} tokens), the rest on the CPU")
+               f"{kv_desc} tokens), the rest on the CPU")
     log.info("%s", summary)
     return Placement("cuda", n, out, summary)
 

@@ -78,6 +78,20 @@ def test_explicit_layers_that_do_not_fit_name_the_numbers(model):
         plan(model, "cuda", "2", kv_tokens=1024, probe=_device(free))
 
 
+def test_sliding_layers_reserve_their_own_pool_size(tmp_path):
+    g = load_model(load_gguf(write_tiny_model(tmp_path / "g.gguf", "gemma3")))  # 6 layers, 1 global
+    sliding = [i for i in range(g.n_layers) if g.layer_window(i)]
+    assert 0 < len(sliding) < g.n_layers
+    per_token = g.kv_bytes_per_token() // g.n_layers
+    need = sum(g.layer_bytes(i) + per_token * (64 if i in sliding else 4096) for i in range(g.n_layers))
+    free = need + SAFETY_MARGIN_BYTES + workspace_bytes(g, 512)  # every layer fits, not the output
+    p = plan(g, "cuda", "auto", kv_tokens=(4096, 64), probe=_device(free))
+    assert (p.gpu_layers, p.output_on_gpu) == (g.n_layers, False)
+    assert "sliding layers: 64" in p.describe()
+    # counted as one pool of 4096 tokens for every layer, the same memory holds fewer layers
+    assert plan(g, "cuda", "auto", kv_tokens=4096, probe=_device(free)).gpu_layers < g.n_layers
+
+
 def test_more_layers_than_the_model_has_means_all_and_output(model):
     p = plan(model, "cuda", "99", kv_tokens=64, probe=_device(2**40))
     assert (p.gpu_layers, p.output_on_gpu) == (model.n_layers, True)

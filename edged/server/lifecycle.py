@@ -59,11 +59,12 @@ class ServerState:
             self.error = f"{type(e).__name__}: {e}"
             self.status = FAILED
 
-    def _kv_tokens(self, model) -> int:
-        """Tokens a layer's KV pool will hold (what GPU layers must reserve device memory for):
-        the larger pool's, when sliding-window layers have their own."""
+    def _kv_tokens(self, model):
+        """Tokens the KV pools will hold (what GPU layers must reserve device memory for):
+        (full-attention pool, sliding-window pool or None), as edged.offload.plan takes them."""
         plan = self._plan_kv(model)
-        return max(plan.num_blocks, plan.window_num_blocks or 0) * plan.block_size
+        window = plan.window_num_blocks * plan.block_size if plan.window_num_blocks else None
+        return plan.num_blocks * plan.block_size, window
 
     def _plan_kv(self, model):
         """The KV pools this server's options give `model` (edged.engine.sizing.plan_kv)."""
