@@ -156,7 +156,13 @@ class KVCacheManager:
             if not g.window:
                 continue
             table = g.tables[request_id]
-            stale = [i for i in range(min(g.first_needed_block(num_computed), len(table))) if table[i] >= 0]
+            # entries before the last release are all -1: walk back only over the new stale run
+            i = min(g.first_needed_block(num_computed), len(table)) - 1
+            stale = []
+            while i >= 0 and table[i] >= 0:
+                stale.append(i)
+                i -= 1
+            stale.reverse()
             g.pool.free(table[i] for i in stale)
             for i in stale:
                 table[i] = -1
