@@ -14,8 +14,9 @@ scales, 6-bit scale fields), so these intrinsics spell it out on whole 64-byte v
   activations ([k/32][8 groups][tokens][4 bytes]) with broadcast weight words, tokens in the
   lanes of one zmm (16) or ymm (8: same cost per token on hosts that split 512-bit ops), no
   horizontal sums; each activation vector load serves all TILE_ROWS rows.
-Measured on the 2-core Zen 5 host (loops of independent ops, 2026-11-30): two pipes issue vpdpbusd, ~8.4 a ns a core whether zmm or ymm, and float multiplies,
-cross-lane permutes (vpermt2d) and 64-bit rotates take the same pipes, while adds, conversions,
+Measured on the 2-core Zen 5 host (loops of independent ops, 2026-11-30): two pipes issue
+vpdpbusd, ~8.4 a ns a core whether zmm or ymm, and float multiplies, cross-lane permutes
+(vpermt2d) and 64-bit rotates take the same pipes, while adds, conversions,
 in-lane shuffles, blends and broadcast loads do not; so a tile costs about its vpdpbusd +
 multiplies, and an 8-token ymm tile costs nearly a 16-token one. (An 8-token tile with token t in
 zmm lanes 2t, 2t+1 was ~0.8x at n = 8 but ~1.2x at n >= 16 for the per-32 types, as its float
