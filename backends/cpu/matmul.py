@@ -26,12 +26,7 @@ from edged.backends.cpu.act_quant import quantize_activations
 from edged.quant.tensor import QTensor
 from edged.quant.types import TYPE_TRAITS, traits
 
-from edged.backends.cpu import matmul_float, matmul_legacy
-
-try:  # written by another helper in parallel; unguard once it has landed
-    from edged.backends.cpu import matmul_kquants
-except ImportError:  # pragma: no cover - transitional
-    matmul_kquants = None
+from edged.backends.cpu import matmul_float, matmul_kquants, matmul_legacy
 
 # n at or below which gemv is used: it reads each row once for all n tokens but costs a full
 # block dot per token, while gemm pays a 16-token tile whatever n is; measured crossover n = 4.
@@ -41,8 +36,6 @@ GEMV_MAX_N = 4
 def _merge_tables():
     table = {}
     for mod in (matmul_float, matmul_legacy, matmul_kquants):
-        if mod is None:
-            continue
         for qtype, pair in mod.KERNELS.items():
             if qtype in table:
                 raise RuntimeError(f"two kernel modules claim {qtype.name}")
