@@ -51,7 +51,6 @@ def plan_num_blocks(bytes_per_token: int, block_size: int, *, kv_memory: str | N
     return -(-ctx * max_seqs // block_size)
 
 
-
 @dataclass(frozen=True)
 class KVLayout:
     """How a model's layers split into KV groups (edged.kv.manager): a main group, and for a
