@@ -24,14 +24,17 @@ def quantize_rows_q8(x, xq, xd, xs):
     """x float32 [n, k] -> xq int8 [n, k], xd float32 [n, k//32] scales, xs int32 [n, k//32] sums."""
     n, k = x.shape
     nb_ = k // QK
+    xb = x.view(np.int32)  # [n, k] the float bits: |x| ordered as its int bits (a max that vectorizes)
     for r in nb.prange(n):
+        cell = np.empty(1, np.int32)  # bits -> float32 through memory
+        cellf = cell.view(np.float32)
         for b in range(nb_):
             base = b * QK
-            amax = np.float32(0.0)
+            mbits = np.int32(0)
             for j in range(QK):
-                v = abs(x[r, base + j])
-                if v > amax:
-                    amax = v
+                mbits = max(mbits, np.int32(xb[r, base + j] & np.int32(0x7FFFFFFF)))
+            cell[0] = mbits
+            amax = cellf[0]  # the largest |x| of the block
             d = amax / np.float32(127.0)
             inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
             s = np.int32(0)

@@ -47,6 +47,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from edged.backends.cpu.aligned import empty_aligned
+
 # Read at codegen time; tests set them to False (and compile uncached) to run the portable paths.
 USE_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 USE_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
@@ -896,7 +898,7 @@ def interleave_blocks(xq):
     """int8 [n, k] activations -> [n, k] in the per-32 types' gemv layout: per superblock, chunk
     j = 2h + e holds elements 16e .. 16e+15 of 32-blocks 4h .. 4h+3 (16-byte pieces moved)."""
     n, k = xq.shape
-    out = np.empty((n, k), np.int8)  # [n, k]
+    out = empty_aligned(n, k, np.int8)  # [n, k]
     src = xq.view(np.int64)  # [n, k/8]: a 16-byte piece is two int64
     dst = out.view(np.int64)
     for t in range(n):

@@ -24,6 +24,7 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kquant_simd import (
     GEMV_TOKENS, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, TILE_ROWS, TOKENS,
     iq4xs_decode_row, q2k_decode_row, q3k_decode_row, q4k_decode_row, q5k_decode_row, q6k_decode_row,
@@ -196,10 +197,10 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
     n_tasks = min(n_groups, _GEMM_TASKS)
     for task in nb.prange(n_tasks):
-        u = np.empty(GEMM_ROWS * k, np.uint8)  # [rows, k] decoded unsigned weights
-        s = np.empty(GEMM_ROWS * ns, np.float32)  # [rows, ns]
-        c = np.empty(GEMM_ROWS * nc, np.float32)  # [rows, nc]
-        acc = np.empty(GEMM_ROWS * TOKENS, np.float32)  # [rows, tw] rows × one tile
+        u = empty_aligned(1, GEMM_ROWS * k, np.uint8)[0]  # [rows, k] decoded unsigned weights
+        s = empty_aligned(1, GEMM_ROWS * ns, np.float32)[0]  # [rows, ns]
+        c = empty_aligned(1, GEMM_ROWS * nc, np.float32)[0]  # [rows, nc]
+        acc = empty_aligned(1, GEMM_ROWS * TOKENS, np.float32)[0]  # [rows, tw] rows × one tile
         for grp in range(task * n_groups // n_tasks, (task + 1) * n_groups // n_tasks):
             r0 = grp * GEMM_ROWS
             nr = min(m - r0, GEMM_ROWS)
@@ -244,9 +245,9 @@ def _gemm(kind, w, xq, xd, xs, y):
         n_live = min(n - n0, per_pass)
         tw = 8 if n_live <= 8 else TOKENS
         ntile = (n_live + tw - 1) // tw
-        xi = np.empty((ntile, nblk * 32 * tw), np.int8)  # [ntile, k/32 · 8 · tw · 4]
-        xdt = np.empty((ntile, nblk * tw), np.float32)  # [ntile, k/32 · tw]
-        xbt = np.empty((ntile, nb_ * nblk * tw), np.float32)  # [ntile, k/32 · (1|2) · tw]
+        xi = empty_aligned(ntile, nblk * 32 * tw, np.int8)  # [ntile, k/32 · 8 · tw · 4]
+        xdt = empty_aligned(ntile, nblk * tw, np.float32)  # [ntile, k/32 · tw]
+        xbt = empty_aligned(ntile, nb_ * nblk * tw, np.float32)  # [ntile, k/32 · (1|2) · tw]
         _prepare_tiles(xq, xd, xs, n0, tw, bias16, _int_bias(kind), xi, xdt, xbt)
         _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y)
 

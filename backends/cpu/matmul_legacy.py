@@ -28,6 +28,7 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.simd import GROUPS, TOKENS, repack_groups8, row_tile_dot_raw8, rows_dot8
 
 QK = 32
@@ -35,7 +36,7 @@ QK = 32
 
 # Numba's on-disk cache keys on this file's text only, not on simd.py's intrinsics that these
 # kernels inline: bump this whenever simd.py's codegen changes, or stale machine code is loaded.
-SIMD_REVISION = 3
+SIMD_REVISION = 4
 
 # kinds for the shared gemm row decoder
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
@@ -53,10 +54,10 @@ def _gemv_raw(w, xq, xd, xs, y, kind):
     each kernel compiles its own row dot); parallel over rows, every token of a row at once."""
     m = w.shape[0]
     n, k = xq.shape
-    xt = np.empty(((n + 1) // 2, ((k // QK + 7) // 8) * 512), np.int8)  # [token pairs, groups·512] 8-block groups, transposed
+    xt = empty_aligned((n + 1) // 2, ((k // QK + 7) // 8) * 512, np.int8)  # [token pairs, groups·512] 8-block groups, transposed
     repack_groups8(xq, xt)
     for task in nb.prange((m + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        acc = np.empty(8 * n, np.float32)  # [n, 8] lane accumulators
+        acc = empty_aligned(1, 8 * n, np.float32)[0]  # [n, 8] lane accumulators
         for r in range(task * ROWS_PER_TASK, min(m, (task + 1) * ROWS_PER_TASK)):
             rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
 
@@ -168,9 +169,9 @@ def _gemm(kind, w, xq, xd, xs, y):
     for n0 in range(0, n, tiles_per_pass * TOKENS):
         n_live = min(n - n0, tiles_per_pass * TOKENS)
         ntile = (n_live + TOKENS - 1) // TOKENS
-        xi = np.empty((ntile, nblk * 512), np.int8)  # [ntile, k/32 * 8 * 16 * 4]
-        xdt = np.empty((ntile, nblk * TOKENS), np.float32)
-        xst = np.empty((ntile, nblk * TOKENS), np.float32)
+        xi = empty_aligned(ntile, nblk * 512, np.int8)  # [ntile, k/32 * 8 * 16 * 4]
+        xdt = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
+        xst = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst)
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y)
 

@@ -3,7 +3,9 @@
 rows_dot8 (gemv, any small n): one raw weight row · every token; each group of 8 blocks is decoded
 once, transposed in registers and dotted against activations repacked the same way
 (repack_groups8), so one vpdpbusd per 4-byte group sums 8 whole blocks into 8 int32 lanes — no
-horizontal sum per block or per token; a last group of <= 4 blocks serves two tokens per vector. row_tile_dot_raw8 (gemm): one weight row ·
+horizontal sum per block or per token; on VNNI hosts two tokens share each 512-bit vpdpbusd (their
+groups side by side in the repacked activations), and a last group of <= 4 blocks serves two
+tokens per 256-bit vector. row_tile_dot_raw8 (gemm): one weight row ·
 a 16-token tile whose int8 activations are "4-interleaved" ([8 groups][16 tokens][4 bytes]) per
 block, giving 16 token lanes. Both add the per-block float terms in one canonical 8-lane order (see
 "canonical 8-lane float order" below), so a token's output is bit-identical in gemv and gemm.
@@ -317,6 +319,13 @@ def _dot8_acc(builder, acc, w, x):
     return builder.add(acc, _dot32(builder, builder.bitcast(w, v32i8), builder.bitcast(x, v32i8)))
 
 
+def _dot16_acc(builder, acc, w, x):
+    """_dot8_acc on <16 x i32> (two tokens' lanes); VNNI hosts only."""
+    v16i32 = ir.VectorType(_I32, 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i32, [v16i32] * 3), "llvm.x86.avx512.vpdpbusd.512")
+    return builder.call(fn, [acc, w, x])
+
+
 @intrinsic
 def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
     """y[t, r] = Σ_j w_j·x_tj for every token t, canonical 8-lane float order (see rows_dot8)."""
@@ -474,9 +483,34 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
                 xdv, xsi = scales(t)
                 accumulate(t, sf, xdv, xsi)
 
+            def two_tokens(t):
+                # tokens t, t+1 (t even) in one 512-bit vector each step: repack_groups8 stores the
+                # pair's group g side by side, and every lane computes what one_token's would
+                v16i32, v16f = ir.VectorType(_I32, 16), ir.VectorType(f32, 16)
+                dup = ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2)
+                xg = builder.gep(xtp, [builder.add(builder.mul(builder.lshr(t, ir.Constant(i64, 1)), xts), builder.mul(grp, ir.Constant(i64, 512)))])
+                s = [ir.Constant(v16i32, None)] * 4
+                for g in range(8):
+                    xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 64 * g)]), v16i32.as_pointer()), align=1)
+                    s[g % 4] = _dot16_acc(builder, s[g % 4], builder.shuffle_vector(w[g], w[g], dup), xv)
+                sf = builder.sitofp(builder.add(builder.add(s[0], s[1]), builder.add(s[2], s[3])), v16f)
+                (xd0, xs0), (xd1, xs1) = scales(t), scales(builder.add(t, ir.Constant(i64, 1)))
+                xdv, xsi = pair_of(xd0, xd1), pair_of(xs0, xs1)
+                dv2, cv2 = builder.shuffle_vector(dv, dv, dup), builder.shuffle_vector(cv, cv, dup)
+                term = builder.fmul(xdv, builder.fadd(builder.fmul(dv2, sf), builder.fmul(cv2, builder.sitofp(xsi, v16f))))
+                ap = builder.bitcast(builder.gep(accp, [builder.mul(t, eight)]), v16f.as_pointer())
+                prev = builder.select(first, ir.Constant(v16f, None), builder.load(ap, align=4))  # lanes start at +0.0
+                builder.store(builder.fadd(prev, term), ap, align=4)
+
             if nvalid is None:
-                with cgutils.for_range(builder, n) as tl:
-                    one_token(tl.index)
+                if USE_VNNI:
+                    with cgutils.for_range(builder, builder.lshr(n, ir.Constant(i64, 1))) as pl:
+                        two_tokens(builder.shl(pl.index, ir.Constant(i64, 1)))
+                    with builder.if_then(builder.icmp_unsigned("!=", builder.and_(n, ir.Constant(i64, 1)), ir.Constant(i64, 0))):
+                        one_token(builder.sub(n, ir.Constant(i64, 1)))
+                else:
+                    with cgutils.for_range(builder, n) as tl:
+                        one_token(tl.index)
                 return
             # a last group of <= 4 blocks: repack_groups8 packs token pairs into its lanes 0-3 and
             # 4-7, so one vpdpbusd serves two tokens. Lanes 4-7 of each token hold only zero terms,
@@ -566,14 +600,15 @@ def repack_groups8(xq, xt):
     n, k = xq.shape
     nblk = k // 32
     ngroup = xt.shape[1] // 512
+    xq4 = xq.view(np.int32)  # [n, k/4]: whole 4-byte groups move
+    xt4 = xt.view(np.int32)  # [ceil(n/2), ngroup · 128]
     xt[:] = 0
     for t in range(n):
         p = t // 2
         for grp in range(ngroup):
             nb_here = min(8, nblk - grp * 8)
-            h = (t % 2) * (16 if nb_here <= 4 else 32)
+            h = (t % 2) * (4 if nb_here <= 4 else 8)
             for j in range(nb_here):
                 b = grp * 8 + j
                 for g in range(8):
-                    for q in range(4):
-                        xt[p, grp * 512 + g * 64 + h + j * 4 + q] = xq[t, b * 32 + g * 4 + q]
+                    xt4[p, grp * 128 + g * 16 + h + j] = xq4[t, b * 8 + g]
