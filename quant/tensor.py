@@ -30,5 +30,9 @@ class QTensor:
         return self.shape[-1]
 
     def rows(self) -> np.ndarray:
-        """The bytes as a 2-D uint8 view [n_rows, bytes_per_row]."""
-        return self.data.reshape(self.n_rows, row_bytes(self.qtype, self.n_cols))
+        """The bytes as a 2-D uint8 view [n_rows, bytes_per_row] (made once: every matmul asks)."""
+        view = self.__dict__.get("_rows")
+        if view is None:
+            view = self.data.reshape(self.n_rows, row_bytes(self.qtype, self.n_cols))
+            object.__setattr__(self, "_rows", view)  # a cache, not a field: eq and repr ignore it
+        return view

@@ -19,9 +19,8 @@ QK = 32  # activation block length
 _ROUND_MAGIC = np.float32(12582912.0)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def quantize_rows_q8(x, xq, xd, xs):
-    """x float32 [n, k] -> xq int8 [n, k], xd float32 [n, k//32] scales, xs int32 [n, k//32] sums."""
+@nb.njit(nogil=True, cache=True, inline="always")
+def _q8_rows(x, xq, xd, xs):
     n, k = x.shape
     nb_ = k // QK
     xb = x.view(np.int32)  # [n, k] the float bits: |x| ordered as its int bits (a max that vectorizes)
@@ -44,6 +43,19 @@ def quantize_rows_q8(x, xq, xd, xs):
                 s = np.int32(s + q)
             xd[r, b] = d
             xs[r, b] = s
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def quantize_rows_q8(x, xq, xd, xs):
+    """x float32 [n, k] -> xq int8 [n, k], xd float32 [n, k//32] scales, xs int32 [n, k//32] sums."""
+    _q8_rows(x, xq, xd, xs)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=False)
+def quantize_row_q8_serial(x, xq, xd, xs):
+    """quantize_rows_q8 in the calling thread: one row (decode) is ~1 us of work, less than
+    waking the thread pool costs."""
+    _q8_rows(x, xq, xd, xs)
 
 
 QK_K = 256  # Q8_K superblock length
@@ -95,5 +107,8 @@ def quantize_activations(x: np.ndarray, grid: str = "q8_32"):
     xq = np.empty((n, k), dtype=np.int8)  # [n, k]
     xd = np.empty((n, k // QK), dtype=np.float32)  # [n, k/32]
     xs = np.empty((n, k // QK), dtype=np.int32)  # [n, k/32]
-    (quantize_rows_q8_K if grid == "q8_K" else quantize_rows_q8)(x, xq, xd, xs)
+    if grid == "q8_K":
+        quantize_rows_q8_K(x, xq, xd, xs)
+    else:
+        (quantize_row_q8_serial if n == 1 else quantize_rows_q8)(x, xq, xd, xs)
     return xq, xd, xs

@@ -65,6 +65,13 @@ def kernels_for(qtype):
     return _KERNELS[traits(qtype).qtype]
 
 
+# qtype -> (gemv, gemm, takes q8_32 activations): one dict lookup per call instead of enum
+# conversions and trait lookups (~3 us of Python per call, ~10% of a small decode matmul)
+_DISPATCH = {
+    qtype: (*pair, traits(qtype).act_format == "q8_32") for qtype, pair in _KERNELS.items()
+}
+
+
 def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None) -> np.ndarray:
     """y float32 [n, m] = x @ W.T for a GGUF weight w [m, k] and float32 activations x [n, k].
 
@@ -75,9 +82,13 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
         raise TypeError(f"matmul weight must be a QTensor, got {type(w).__name__}")
     if len(w.shape) != 2:
         raise ValueError(f"matmul weight {w.name!r} must be 2-D, got shape {w.shape}")
-    gemv, gemm = kernels_for(w.qtype)
+    plan = _DISPATCH.get(w.qtype)
+    if plan is None:
+        check_supported(w.qtype)  # raises, naming the type
+    gemv, gemm, q8 = plan
     m, k = w.shape
-    x = np.asarray(x)
+    if type(x) is not np.ndarray:
+        x = np.asarray(x)
     if x.dtype != np.float32:
         raise ValueError(f"matmul activations must be float32, got {x.dtype}")
     if x.ndim != 2 or x.shape[1] != k:
@@ -91,7 +102,7 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
         return out
     rows = w.rows()  # uint8 [m, row_bytes]
     kern = gemv if n <= GEMV_MAX_N else gemm
-    if traits(w.qtype).act_format == "q8_32":
+    if q8:
         if qx is None:
             qx = quantize_activations(x)
         xq, xd, xs = qx
@@ -99,5 +110,5 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
             raise ValueError(f"qx shapes {xq.shape}, {xd.shape}, {xs.shape} do not match x {x.shape}")
         kern(rows, xq, xd, xs, out)
     else:
-        kern(rows, np.ascontiguousarray(x), out)
+        kern(rows, x if x.flags.c_contiguous else np.ascontiguousarray(x), out)
     return out

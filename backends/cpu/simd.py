@@ -374,7 +374,7 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
         r64 = context.cast(builder, ri, at[8], types.intp)
         eight = ir.Constant(i64, 8)
         zero8f = ir.Constant(v8f, None)
-        zero8i = ir.Constant(v8i32, None)
+        zero8i = zero8i_ = ir.Constant(v8i32, None)
         i1 = ir.IntType(1)
         v8i1 = ir.VectorType(i1, 8)
         mload_f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _I32, v8i1, v8f]), "llvm.masked.load.v8f32.p0v8f32")
@@ -388,20 +388,25 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
         def group(grp, nvalid, first):
             """Lanes += the 8 block terms of group grp for every token. nvalid: None for a full
             group, else the number of real blocks (the rest are zero terms: x is zero-padded, d, c,
-            xd, xs are masked to zero, and their weight reads are clamped into the row)."""
+            xd, xs are masked to zero, and their weight reads are clamped into the row). A Python
+            int nvalid is known at compile time: blocks past it are not read at all."""
             b0 = builder.mul(grp, eight)
+            known = isinstance(nvalid, int)
             if nvalid is None:
                 bidx = [builder.add(b0, ir.Constant(i64, j)) for j in range(8)]
+            elif known:
+                bidx = [builder.add(b0, ir.Constant(i64, j)) if j < nvalid else None for j in range(8)]
+                lane_ok = ir.Constant(v8i1, [j < nvalid for j in range(8)])
             else:
                 valid = [builder.icmp_unsigned(">", nvalid, ir.Constant(i64, j)) for j in range(8)]
                 bidx = [builder.select(valid[j], builder.add(b0, ir.Constant(i64, j)), b0) for j in range(8)]
                 lane_ok = ir.Constant(v8i1, ir.Undefined)
                 for j in range(8):
                     lane_ok = builder.insert_element(lane_ok, valid[j], ir.Constant(_I32, j))
-            blks = [builder.gep(rp, [builder.mul(bj, ir.Constant(i64, size))]) for bj in bidx]
+            blks = [builder.gep(rp, [builder.mul(bj, ir.Constant(i64, size))]) if bj is not None else None for bj in bidx]
             # 8 blocks decoded once for every token, transposed so that vector g holds group g
             # of each block: one vpdpbusd per group then sums whole blocks into lanes
-            w = _transpose8x8(builder, [builder.bitcast(_block_u8(builder, blk, layout), v8i32) for blk in blks])
+            w = _transpose8x8(builder, [builder.bitcast(_block_u8(builder, blk, layout), v8i32) if blk is not None else zero8i_ for blk in blks])
             if nvalid is None and USE_VNNI:
                 # the 8 blocks' bytes as 512-bit vectors of 16-bit words, fp16 fields picked by
                 # two-source shuffles (vpermt2w) instead of 8 inserts each. Masked loads (the last
@@ -438,9 +443,10 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
             else:  # clamped block pointers: one fp16 load each
 
                 def halves(off):
-                    h = ir.Constant(v8h, ir.Undefined)
+                    h = ir.Constant(v8h, None)
                     for j in range(8):
-                        h = builder.insert_element(h, half_at(blks[j], off), ir.Constant(_I32, j))
+                        if blks[j] is not None:
+                            h = builder.insert_element(h, half_at(blks[j], off), ir.Constant(_I32, j))
                     return h
             dv = builder.fpext(halves(0), v8f)
             if moff >= 0:
@@ -516,7 +522,11 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
             # 4-7, so one vpdpbusd serves two tokens. Lanes 4-7 of each token hold only zero terms,
             # and adding a zero to a lane (never -0.0: lanes start at +0.0) changes nothing, so
             # skipping them keeps the canonical order's result bit for bit.
-            with builder.if_else(builder.icmp_unsigned("<=", nvalid, ir.Constant(i64, 4))) as (packed, spread):
+            if known:
+                packs = ir.Constant(i1, nvalid <= 4)
+            else:
+                packs = builder.icmp_unsigned("<=", nvalid, ir.Constant(i64, 4))
+            with builder.if_else(packs) as (packed, spread):
                 with packed:
                     v4f = ir.VectorType(f32, 4)
                     v4i = ir.VectorType(_I32, 4)
@@ -564,7 +574,12 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
             group(gl.index, None, builder.icmp_unsigned("==", gl.index, ir.Constant(i64, 0)))
         rem = builder.sub(nblk, builder.mul(nfull, eight))
         with builder.if_then(builder.icmp_unsigned("!=", rem, ir.Constant(i64, 0))):
-            group(nfull, rem, builder.icmp_unsigned("==", nfull, ir.Constant(i64, 0)))
+            # 4 left (k = 640, 896, 1152: 2.5, 3.5, 4.5 groups) compiles its own code that reads 4 blocks, not 8
+            with builder.if_else(builder.icmp_unsigned("==", rem, ir.Constant(i64, 4))) as (four, other):
+                with four:
+                    group(nfull, 4, builder.icmp_unsigned("==", nfull, ir.Constant(i64, 0)))
+                with other:
+                    group(nfull, rem, builder.icmp_unsigned("==", nfull, ir.Constant(i64, 0)))
 
         with cgutils.for_range(builder, n) as tl:
             t = tl.index
