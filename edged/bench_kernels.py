@@ -79,17 +79,27 @@ CLOCKS = {
 
 def _median_time(fn, repeat: int, clock: str = "wall") -> float:
     """Median seconds per call over `repeat` samples; each sample loops enough calls to last ~2 ms."""
+    return _median_times([fn], repeat, clock)[0]
+
+
+def _median_times(fns, repeat: int, clock: str = "wall") -> list:
+    """_median_time of each of fns, their samples taken in turn (a, b, a, b, ...): a ratio of two
+    figures then compares calls made under the same machine conditions, not seconds apart."""
     now = CLOCKS[clock]
-    t0 = now()
-    fn()  # warm-up: JIT, page faults, caches as in steady state
-    inner = max(1, min(1000, int(2e-3 / max(now() - t0, 1e-7))))
-    times = []
-    for _ in range(repeat):
+    inners = []
+    for fn in fns:
         t0 = now()
-        for _ in range(inner):
-            fn()
-        times.append((now() - t0) / inner)
-    return float(np.median(times))
+        fn()  # warm-up: JIT, page faults, caches as in steady state
+        inners.append(max(1, min(1000, int(2e-3 / max(now() - t0, 1e-7)))))
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, inner, out in zip(fns, inners, times):
+            fn()  # one call first: another function's data may have left the cache
+            t0 = now()
+            for _ in range(inner):
+                fn()
+            out.append((now() - t0) / inner)
+    return [float(np.median(t)) for t in times]
 
 
 def measure_bandwidth(nbytes: int = DEFAULT_BW_BYTES, repeat: int = 5, clock: str = "wall") -> float:
@@ -170,8 +180,7 @@ def bench_tensor(w, source, bandwidth, repeat=5, clock="wall", dram: bool = True
     x16 = rng.standard_normal((N_BATCH, k)).astype(np.float32)
     y1 = np.empty((1, m), np.float32)
     y16 = np.empty((N_BATCH, m), np.float32)
-    t1 = _median_time(lambda: mm.matmul(w, x1, out=y1), repeat, clock)
-    t16 = _median_time(lambda: mm.matmul(w, x16, out=y16), repeat, clock)
+    t1, t16 = _median_times([lambda: mm.matmul(w, x1, out=y1), lambda: mm.matmul(w, x16, out=y16)], repeat, clock)
     nbytes = w.data.nbytes
     row.ms_n1, row.gbs_n1 = t1 * 1e3, nbytes / t1 / 1e9
     row.ms_n16, row.gbs_n16 = t16 * 1e3, nbytes / t16 / 1e9
@@ -186,8 +195,7 @@ def bench_tensor(w, source, bandwidth, repeat=5, clock="wall", dram: bool = True
             turn[0] += 1
             mm.matmul(c, x, out=y)
 
-        d1 = _median_time(lambda: call(x1, y1), repeat, clock)
-        d16 = _median_time(lambda: call(x16, y16), repeat, clock)
+        d1, d16 = _median_times([lambda: call(x1, y1), lambda: call(x16, y16)], repeat, clock)
         row.ms_n1_dram, row.ms_n16_dram = d1 * 1e3, d16 * 1e3
         row.bw_frac_n1_dram = nbytes / d1 / 1e9 / bandwidth
         row.cols_ratio_dram = N_BATCH * d1 / d16

@@ -121,10 +121,14 @@ def _block_u8(builder, blk, layout):
     hi = builder.lshr(q, ir.Constant(v16i8, [4] * 16))
     u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
     if hoff >= 0:  # fifth bits: bit j of the little-endian u32 qh adds 16 to element j
-        v4i8 = ir.VectorType(_I8, 4)
-        qh = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, hoff)]), v4i8.as_pointer()), align=1)
-        hb = builder.shuffle_vector(qh, ir.Constant(v4i8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
-        hit = builder.icmp_unsigned("!=", builder.and_(hb, ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])), ir.Constant(v32i8, [0] * 32))
+        if USE_VNNI:  # the 32 bits as a mask register (kmovd), then one zero-masked move
+            qh = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, hoff)]), _I32.as_pointer()), align=1)
+            hit = builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))
+        else:
+            v4i8 = ir.VectorType(_I8, 4)
+            qh = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(_I32, hoff)]), v4i8.as_pointer()), align=1)
+            hb = builder.shuffle_vector(qh, ir.Constant(v4i8, ir.Undefined), ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
+            hit = builder.icmp_unsigned("!=", builder.and_(hb, ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])), ir.Constant(v32i8, [0] * 32))
         u = builder.or_(u, builder.select(hit, ir.Constant(v32i8, [16] * 32), ir.Constant(v32i8, [0] * 32)))
     if book is not None:  # codebook lookup: vpshufb on x86 AVX-512 hosts, a select chain elsewhere
         if USE_VNNI:
