@@ -67,3 +67,14 @@ def test_bad_input():
         quantize_activations(np.zeros((1, 64), np.float32), grid="q4")
     with pytest.raises(ValueError, match=r"\[n, k\]"):
         quantize_activations(np.zeros(64, np.float32))
+
+
+def test_one_row_serial_equals_batched():
+    """A single row (quantized in the calling thread) gives the bits the batched kernel gives."""
+    x = _x(5, 640, seed=3)
+    x[2, 40:72] = -0.0  # an all-zero block: d = 0, q = 0
+    batched = quantize_activations(x)
+    for r in range(5):
+        one = quantize_activations(x[r : r + 1])
+        for a, b in zip(one, batched):
+            np.testing.assert_array_equal(a[0], b[r])

@@ -68,3 +68,11 @@ def test_non_contiguous_activations():
     np.testing.assert_array_equal(mm.matmul(w, xs), mm.matmul(w, np.ascontiguousarray(xs)))
     wq = random_qtensor(T.Q4_0, 6, 64, seed=2)
     np.testing.assert_array_equal(mm.matmul(wq, xs), mm.matmul(wq, np.ascontiguousarray(xs)))
+
+
+def test_rows_view_made_once_and_not_a_field():
+    w = random_qtensor(T.Q4_0, 6, 64, seed=1)
+    assert w.rows() is w.rows()
+    assert w.rows().shape == (6, 36)
+    twin = type(w)(w.name, w.qtype, w.shape, w.data)
+    assert twin == w  # the cached view is no part of equality
