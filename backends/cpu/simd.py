@@ -313,21 +313,16 @@ def _transpose8x8(builder, rows):
     return w
 
 
-def _dot8_acc(builder, acc, w, x):
-    """acc + <8 x i32> 4-byte group dots of w (unsigned bytes) · x (signed bytes), both <8 x i32>."""
-    v8i32 = ir.VectorType(_I32, 8)
+def _dot_acc(builder, acc, w, x):
+    """acc + 4-byte group dots of w (unsigned bytes) · x (signed bytes), all <8 x i32> (one
+    token) or <16 x i32> (a token pair: VNNI hosts only, where the pair path is compiled)."""
+    vt = ir.VectorType(_I32, acc.type.count)
     if USE_VNNI:
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8i32, [v8i32] * 3), "llvm.x86.avx512.vpdpbusd.256")
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3), f"llvm.x86.avx512.vpdpbusd.{32 * vt.count}")
         return builder.call(fn, [acc, w, x])
+    assert vt.count == 8, "the portable dot has 8 lanes"
     v32i8 = ir.VectorType(_I8, 32)
     return builder.add(acc, _dot32(builder, builder.bitcast(w, v32i8), builder.bitcast(x, v32i8)))
-
-
-def _dot16_acc(builder, acc, w, x):
-    """_dot8_acc on <16 x i32> (two tokens' lanes); VNNI hosts only."""
-    v16i32 = ir.VectorType(_I32, 16)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16i32, [v16i32] * 3), "llvm.x86.avx512.vpdpbusd.512")
-    return builder.call(fn, [acc, w, x])
 
 
 @intrinsic
@@ -488,7 +483,7 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
                 s = [zero8i] * 4  # four chains: dependent vpdpbusd are latency-bound
                 for g in range(8):
                     xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 64 * g)]), v8i32.as_pointer()), align=1)
-                    s[g % 4] = _dot8_acc(builder, s[g % 4], w[g], xv)
+                    s[g % 4] = _dot_acc(builder, s[g % 4], w[g], xv)
                 sf = builder.sitofp(builder.add(builder.add(s[0], s[1]), builder.add(s[2], s[3])), v8f)
                 xdv, xsi = scales(t)
                 accumulate(t, sf, xdv, xsi)
@@ -502,7 +497,7 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
                 s = [ir.Constant(v16i32, None)] * 4
                 for g in range(8):
                     xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 64 * g)]), v16i32.as_pointer()), align=1)
-                    s[g % 4] = _dot16_acc(builder, s[g % 4], builder.shuffle_vector(w[g], w[g], dup), xv)
+                    s[g % 4] = _dot_acc(builder, s[g % 4], builder.shuffle_vector(w[g], w[g], dup), xv)
                 sf = builder.sitofp(builder.add(builder.add(s[0], s[1]), builder.add(s[2], s[3])), v16f)
                 (xd0, xs0), (xd1, xs1) = scales(t), scales(builder.add(t, ir.Constant(i64, 1)))
                 xdv, xsi = pair_of(xd0, xd1), pair_of(xs0, xs1)
@@ -548,7 +543,7 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
                         sacc = [zero8i] * 4
                         for g in range(8):
                             xv = builder.load(builder.bitcast(builder.gep(xg, [ir.Constant(_I32, 64 * g)]), v8i32.as_pointer()), align=1)
-                            sacc[g % 4] = _dot8_acc(builder, sacc[g % 4], w2[g], xv)
+                            sacc[g % 4] = _dot_acc(builder, sacc[g % 4], w2[g], xv)
                         sf = builder.sitofp(builder.add(builder.add(sacc[0], sacc[1]), builder.add(sacc[2], sacc[3])), v8f)
                         t0 = builder.shl(pl.index, ir.Constant(i64, 1))
                         toks = (t0, builder.add(t0, ir.Constant(i64, 1)))
