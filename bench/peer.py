@@ -103,7 +103,7 @@ def start_edged(model: str, max_seqs: int, ctx_per_seq: int, logdir: Path) -> Se
 
 
 def _level(url: str, conc: int, n_req: int, prompt_tokens: int, gen: int, seed: int):
-    from edged.bench_serve import make_prompts, run_level
+    from edged.bench.serve import make_prompts, run_level
     import asyncio
 
     prompts = make_prompts(n_req, prompt_tokens, 0, seed)  # fresh words each run: no prefix hits

@@ -1,6 +1,6 @@
 """`edged bench [MODEL] --kernels [--repeat N] [--json]`: performance measurements.
 
-Each measurement family is one flag backed by an importable module (kernels: edged.bench_kernels);
+Each measurement family is one flag backed by an importable module (edged.bench.kernels, edged.bench.engine);
 model benchmarks join as further flags that add sections to the same report.
 """
 
@@ -15,7 +15,7 @@ from edged.cli.options import backend_options, model_argument
 
 
 def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str) -> dict:
-    from edged import bench_kernels
+    from edged.bench import kernels as bench_kernels
     from edged.model_path import resolve_model_path
 
     path = resolve_model_path(model)
@@ -61,7 +61,7 @@ def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tok
 
 def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefix_cache, kernels_too,
                     as_json, backend="auto", gpu_layers="auto") -> dict:
-    from edged import bench_engine
+    from edged.bench import engine as bench_engine
     from edged.loader import load
 
     try:

@@ -40,7 +40,7 @@ def command(url, concurrency, n_requests, prompt_tokens, gen_tokens, shared_pref
             api_key, model, no_warmup, as_json):
     """Drive an OpenAI-compatible server with streaming /v1/completions requests and report
     throughput, TTFT and inter-token latency (p50/p95/p99) and errors per concurrency level."""
-    from edged import bench_serve
+    from edged.bench import serve as bench_serve
 
     levels = _levels(concurrency)
     if shared_prefix_tokens > prompt_tokens:

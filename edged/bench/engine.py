@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.bench_serve import percentiles
+from edged.bench.serve import percentiles
 from edged.engine.engine import Engine, EngineConfig
 from edged.engine.sizing import plan_kv
 from edged.sampling import SamplingParams
@@ -163,7 +163,7 @@ def step_breakdown(lm, levels=(1, 4, 16), prompt_tokens: int = 32, gen_tokens: i
     """Decode-step time split into phases and ops (ms per step, median of `repeat` runs) at each
     concurrency level. Prompts are short so every request is prefilled in the first step; only
     the steps after every request has its first token are counted."""
-    from edged.engine.profile import StepProfiler
+    from edged.bench.profile import StepProfiler
 
     vocab = lm.model.vocab_size
     rows = []
@@ -215,7 +215,7 @@ def format_breakdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m edged.bench_engine breakdown [levels] [repeat] [wall|thread]
+if __name__ == "__main__":  # python -m edged.bench.engine breakdown [levels] [repeat] [wall|thread]
     import sys
 
     from edged.loader import load

@@ -8,7 +8,7 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 
-from edged import bench_serve
+from edged.bench import serve as bench_serve
 from edged.cli.bench_serve import command as bench_serve_command
 from edged.loader import load
 from edged.server.app import create_app

@@ -3,7 +3,7 @@
 import pytest
 
 from edged.engine.engine import Engine, EngineConfig
-from edged.engine.profile import StepProfiler
+from edged.bench.profile import StepProfiler
 from edged.models import load_model
 from edged.quant import load_gguf
 from edged.sampling import SamplingParams

@@ -6,7 +6,7 @@ import numpy as np
 from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
-from edged import bench_kernels
+from edged.bench import kernels as bench_kernels
 from edged.cli import main
 from edged.quant.synth import random_qtensor
 from edged.quant.tensor import QTensor

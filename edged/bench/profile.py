@@ -2,7 +2,7 @@
 the engine's step phases (schedule, batch building, forward, sampling, delivery).
 
 Installed on a live engine by `StepProfiler.attach` and removed by `detach`; the engine code itself
-carries no instrumentation. Used by `python -m edged.bench_engine breakdown`.
+carries no instrumentation. Used by `python -m edged.bench.engine breakdown`.
 """
 
 from __future__ import annotations

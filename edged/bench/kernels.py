@@ -1,6 +1,5 @@
 """Kernel benchmark: CPU matmul of every supported type at n = 1 and n = 16 against the memory
-bandwidth and numpy's BLAS, measured in the same run (used by bench/kernels.py and
-`edged bench --kernels`).
+bandwidth and numpy's BLAS, measured in the same run (`edged bench --kernels`).
 
 For each type: the default model's largest tensor of that type, or a synthesized random tensor
 (edged.quant.synth) of the model's largest layer-matrix shape for types the file lacks. Times are
