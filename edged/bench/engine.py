@@ -157,7 +157,6 @@ def _summary(xs) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": len(xs)}
 
 
-
 def step_breakdown(lm, levels=(1, 4, 16), prompt_tokens: int = 32, gen_tokens: int = 64,
                    repeat: int = 3, clock: str = "wall") -> list[dict]:
     """Decode-step time split into phases and ops (ms per step, median of `repeat` runs) at each
@@ -213,18 +212,3 @@ def format_breakdown(rows: list[dict]) -> str:
         lines.append(f"{k:<20}" + "".join(f"{r[k]:>10.3f}" for r in rows))
     lines.append(f"{'tokens/s':<20}" + "".join(f"{r['tokens_per_s']:>10.1f}" for r in rows))
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # python -m edged.bench.engine breakdown [levels] [repeat] [wall|thread]
-    import sys
-
-    from edged.loader import load
-
-    args = sys.argv[1:]
-    if args and args[0] == "breakdown":
-        args = args[1:]
-    lv = tuple(int(x) for x in args[0].split(",")) if args else (1, 4, 16)
-    rep = int(args[1]) if len(args) > 1 else 3
-    clk = args[2] if len(args) > 2 else "wall"
-    _lm = load(None)
-    print(format_breakdown(step_breakdown(_lm, lv, repeat=rep, clock=clk)))

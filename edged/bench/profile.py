@@ -1,8 +1,9 @@
-"""Where an engine step's time goes: a timing proxy for the model's backend ops and timers around
-the engine's step phases (schedule, batch building, forward, sampling, delivery).
+"""Where an engine step's time goes: the engine's step phases (schedule, batch building, forward,
+update, sampling, delivery) through its step-timer hook, and the forward split by a timing proxy
+for the model's backend ops.
 
-Installed on a live engine by `StepProfiler.attach` and removed by `detach`; the engine code itself
-carries no instrumentation. Used by `python -m edged.bench.engine breakdown`.
+Installed on a live engine by `StepProfiler.attach` and removed by `detach`. Used by
+`edged bench --breakdown`.
 """
 
 from __future__ import annotations
@@ -56,12 +57,15 @@ def _clock_cost(clock, n: int = 2000) -> float:
 
 
 class StepProfiler:
-    """Accumulates seconds per phase over the steps an engine runs while attached.
+    """Accumulates seconds per phase over the steps an engine runs while attached (an
+    edged.engine.engine.StepTimer).
 
     Phases: schedule, build_batch, forward (split into matmul layers / matmul output / attention /
     norms/rope/act / embed / forward python, plus the estimated cost of the profiler's own clock
-    readings), update, sample, deliver and step other (the rest of `_step`).
+    readings), update, sample and deliver; step total is their sum.
     """
+
+    _PHASES = ("schedule", "build_batch", "forward", "update", "sample", "deliver")
 
     def __init__(self, clock: str = "wall"):
         if clock not in ("wall", "thread"):
@@ -70,57 +74,46 @@ class StepProfiler:
         # work only when kernels run on the calling thread alone (NUMBA_NUM_THREADS=1)
         self.clock = time.perf_counter if clock == "wall" else time.thread_time
         self.acc: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)  # timed calls per key
+        self.calls: dict[str, int] = defaultdict(int)  # timed op calls per key
+        self.items: dict[str, int] = defaultdict(int)  # tokens batched, rows sampled
         self.clock_cost = _clock_cost(self.clock)  # seconds one clock reading adds
         self.steps = 0
-        self.tokens = 0  # tokens in the batches
-        self.sampled = 0  # logits rows sampled
+        self._t = 0.0
         self._undo: list = []
 
-    def attach(self, engine) -> "StepProfiler":
-        import edged.engine.engine as engine_mod
+    @property
+    def tokens(self) -> int:
+        """Tokens in the batches."""
+        return self.items["build_batch"]
 
-        acc, clock = self.acc, self.clock
+    @property
+    def sampled(self) -> int:
+        """Logits rows sampled."""
+        return self.items["sample"]
+
+    # -- the engine's StepTimer (engine thread) ----------------------------------------------
+    def begin(self) -> None:
+        self.steps += 1
+        self._t = self.clock()
+
+    def phase(self, name: str, items: int = 0) -> None:
+        t = self.clock()
+        self.acc[name] += t - self._t
+        self.items[name] += items
+        self._t = t
+
+    # -- any thread --------------------------------------------------------------------------
+    def attach(self, engine) -> "StepProfiler":
         model = engine.model
         out_name = getattr(getattr(model, "output", None), "name", None)
-        if hasattr(model, "layer_ops"):
+        if hasattr(model, "layer_ops"):  # the model's backends, swapped for timing proxies of them
             old_layer, old_out = model.layer_ops, model.output_ops
-            model.layer_ops = [_TimedOps(o, acc, out_name, self.clock, self.calls) for o in old_layer]
-            model.output_ops = _TimedOps(old_out, acc, out_name, self.clock, self.calls)
+            model.layer_ops = [_TimedOps(o, self.acc, out_name, self.clock, self.calls) for o in old_layer]
+            model.output_ops = _TimedOps(old_out, self.acc, out_name, self.clock, self.calls)
             self._undo.append(lambda: (setattr(model, "layer_ops", old_layer),
                                        setattr(model, "output_ops", old_out)))
-
-        def wrap(obj, attr, key, count=None):
-            fn = getattr(obj, attr)
-
-            def timed(*args, **kwargs):
-                t0 = clock()
-                r = fn(*args, **kwargs)
-                acc[key] += clock() - t0
-                if count is not None:
-                    count(args, r)
-                return r
-
-            had = attr in vars(obj)
-            setattr(obj, attr, timed)
-            self._undo.append(lambda: setattr(obj, attr, fn) if had else delattr(obj, attr))
-
-        def on_batch(args, r):
-            self.tokens += int(r[0].n_tokens)
-
-        def on_step(args, r):
-            self.steps += 1
-
-        def on_sample(args, r):
-            self.sampled += len(r[0])
-
-        wrap(engine.scheduler, "schedule", "schedule")
-        wrap(engine.scheduler, "update", "update")
-        wrap(engine_mod, "build_batch", "build_batch", on_batch)
-        wrap(model, "forward", "forward")
-        wrap(engine.sampler, "sample", "sample", on_sample)
-        wrap(engine, "_sample_and_deliver", "sample+deliver")
-        wrap(engine, "_step", "step", on_step)
+        engine.step_timer = self
+        self._undo.append(lambda: setattr(engine, "step_timer", None))
         return self
 
     def detach(self) -> None:
@@ -130,7 +123,8 @@ class StepProfiler:
     def reset(self) -> None:
         self.acc.clear()
         self.calls.clear()
-        self.steps = self.tokens = self.sampled = 0
+        self.items.clear()
+        self.steps = 0
 
     def per_step_ms(self) -> dict[str, float]:
         """Milliseconds per step of each phase (forward split into its ops)."""
@@ -142,12 +136,8 @@ class StepProfiler:
         n_ops = sum(self.calls.get(k, 0) for k in ops)
         out["timer overhead"] = 2 * c * n_ops  # the op wrappers' clock readings (an estimate)
         out["forward python"] = a.get("forward", 0.0) - sum(out.values())
-        out["schedule"] = a.get("schedule", 0.0)
-        out["build_batch"] = a.get("build_batch", 0.0)
-        out["update"] = a.get("update", 0.0)
-        out["sample"] = a.get("sample", 0.0)
-        out["deliver"] = a.get("sample+deliver", 0.0) - a.get("sample", 0.0)
-        named = sum(out.values())
-        out["step other"] = a.get("step", 0.0) - named
-        out["step total"] = a.get("step", 0.0)
+        for k in self._PHASES:
+            if k != "forward":
+                out[k] = a.get(k, 0.0)
+        out["step total"] = sum(a.get(k, 0.0) for k in self._PHASES)
         return {k: v * 1e3 / n for k, v in out.items()}

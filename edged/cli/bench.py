@@ -1,4 +1,5 @@
-"""`edged bench [MODEL] --kernels [--repeat N] [--json]`: performance measurements.
+"""`edged bench [MODEL] [--kernels] [--concurrency L] [--prefix-cache] [--breakdown L] [--json]`:
+performance measurements.
 
 Each measurement family is one flag backed by an importable module (edged.bench.kernels, edged.bench.engine);
 model benchmarks join as further flags that add sections to the same report.
@@ -31,8 +32,9 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
 @click.option("--bandwidth-mib", type=click.IntRange(64), default=1024, show_default=True,
               help="Size of the streaming-read buffer that measures memory bandwidth.")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
-              help="wall: elapsed time; cpu: process CPU time (steadier on a busy machine; use with "
-                   "NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 for per-core kernel cost).")
+              help="wall: elapsed time; cpu: process CPU time for --kernels, the engine thread's for "
+                   "--breakdown (steadier on a busy machine; use with NUMBA_NUM_THREADS=1 "
+                   "OPENBLAS_NUM_THREADS=1 for per-core cost).")
 @click.option("--prompt-tokens", default="128,512", show_default=True,
               help="Single-stream prefill lengths (comma-separated).")
 @click.option("--gen-tokens", type=click.IntRange(2), default=128, show_default=True,
@@ -41,10 +43,13 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
               help="Aggregate throughput / TTFT / ITL at these concurrency levels, e.g. 1,4,16.")
 @click.option("--prefix-cache", "prefix_cache", is_flag=True,
               help="TTFT of a prompt whose first 1024 tokens were seen before vs cold.")
+@click.option("--breakdown", default=None,
+              help="Decode-step time per phase and op (ms per step) at these concurrency levels, "
+                   "e.g. 1,4,16 (32-token prompts, 64 generated tokens each).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @backend_options
 def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
-            prefix_cache, as_json, backend, gpu_layers):
+            prefix_cache, breakdown, as_json, backend, gpu_layers):
     """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
@@ -52,31 +57,35 @@ def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tok
     report = {}
     if kernels:
         report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock)
-    if not kernels or concurrency or prefix_cache:
+    if not kernels or concurrency or prefix_cache or breakdown:
         report.update(_model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency,
-                                      prefix_cache, kernels, as_json, backend, gpu_layers))
+                                      prefix_cache, breakdown, kernels, as_json, backend, gpu_layers, clock))
     if as_json:
         click.echo(json.dumps(report, indent=2))
 
 
-def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefix_cache, kernels_too,
-                    as_json, backend="auto", gpu_layers="auto") -> dict:
+def _levels(value) -> list[int]:
+    return [int(x) for x in value.split(",") if x] if value else []
+
+
+def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefix_cache, breakdown,
+                    kernels_too, as_json, backend="auto", gpu_layers="auto", clock="wall") -> dict:
     from edged.bench import engine as bench_engine
     from edged.loader import load
 
     try:
-        plens = [int(x) for x in prompt_tokens.split(",") if x]
-        levels = [int(x) for x in concurrency.split(",") if x] if concurrency else []
+        plens, levels, steps_at = _levels(prompt_tokens), _levels(concurrency), _levels(breakdown)
     except ValueError:
-        raise click.UsageError("--prompt-tokens and --concurrency take comma-separated integers") from None
+        raise click.UsageError("--prompt-tokens, --concurrency and --breakdown take comma-separated "
+                               "integers") from None
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     try:
         lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
-                  kv_tokens=max(levels or [1]) * (max(plens, default=512) + gen_tokens + 16) + 2048)
+                  kv_tokens=max(levels + steps_at or [1]) * (max(plens, default=512) + gen_tokens + 16) + 2048)
     except ValueError as e:  # OffloadError, GGUFError
         raise click.ClickException(str(e)) from None
     out = {"placement": lm.placement.describe()}
-    if not (kernels_too or levels or prefix_cache):
+    if not (kernels_too or levels or prefix_cache or steps_at):
         r = bench_engine.bench_single(lm, plens, gen_tokens, repeat)
         out["single"] = r
         say(f"{'single stream':<16}{'median tok/s':>14}{'min':>10}{'max':>10}")
@@ -97,4 +106,8 @@ def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefi
         out["prefix_cache"] = r
         say(f"prefix cache: cold TTFT {r['cold_ttft_s'] * 1e3:.0f} ms, hit TTFT "
             f"{r['hit_ttft_s'] * 1e3:.0f} ms, ratio {r['ratio']:.3f} ({r['prefix_tokens']}-token prefix)")
+    if steps_at:
+        rows = bench_engine.step_breakdown(lm, steps_at, repeat=repeat, clock="thread" if clock == "cpu" else clock)
+        out["breakdown"] = rows
+        say(bench_engine.format_breakdown(rows))
     return out

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -74,6 +75,27 @@ class EngineStats:
     kv_bytes_needed: int = 0  # bytes the held tokens need: tokens per pool x its bytes per token
 
 
+class StepTimer(Protocol):
+    """Told where each engine step's phases end, on the engine thread (edged.bench.profile's
+    StepProfiler is one): begin, then phase("schedule"), ("build_batch", tokens), ("forward"),
+    ("update"), and when rows are sampled ("sample", rows), ("deliver")."""
+
+    def begin(self) -> None: ...
+
+    def phase(self, name: str, items: int = 0) -> None: ...
+
+
+class _Untimed:
+    def begin(self) -> None:
+        pass
+
+    def phase(self, name: str, items: int = 0) -> None:
+        pass
+
+
+_UNTIMED = _Untimed()
+
+
 class _Live:
     """Engine-side state of one request."""
 
@@ -109,6 +131,7 @@ class Engine:
         self._last_step_s = 0.0
         self._prompt_tokens = 0
         self._generated_tokens = 0
+        self.step_timer: StepTimer | None = None  # read once per step: may be set while running
 
     def _init_kv(self, model, config: EngineConfig) -> None:
         """The KV pools and the model's caches: one group, or a full-attention group plus a
@@ -133,12 +156,17 @@ class Engine:
         if sliding is None:
             return
         one = min(window_blocks_needed(self.layout.window, self.pool.block_size, self.config.max_batch_tokens),
-                  self.kv.blocks_needed(self.scheduler.max_len))
+                  self.kv.blocks_needed(self.max_len))
         if sliding.num_blocks < one:
             raise ValueError(f"a sliding-window pool of {sliding.num_blocks} blocks cannot hold one "
                              f"request's window and step ({one} blocks)")
 
     # -- public, any thread -----------------------------------------------------------------
+    @property
+    def max_len(self) -> int:
+        """Most tokens (prompt + output) one request may hold (pool or context size)."""
+        return self.scheduler.max_len
+
     def start(self) -> "Engine":
         self._thread = threading.Thread(target=self._loop, name="edged-engine", daemon=True)
         self._thread.start()
@@ -218,7 +246,7 @@ class Engine:
                 return
             if kind == "add":
                 self._live[arg.req.request_id] = arg
-                self.scheduler.waiting.append(arg.req)
+                self.scheduler.add(arg.req)
                 self._prompt_tokens += arg.req.num_prompt_tokens
             else:
                 live = self._live.get(arg)
@@ -253,27 +281,37 @@ class Engine:
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        timer = self.step_timer or _UNTIMED
+        timer.begin()
         step = self.scheduler.schedule()
+        timer.phase("schedule")
         self._in_flight = {req.request_id: n for req, n in step.items}  # replaced whole: stats() reads it
         if not step.items:
             return
         batch, samplers = build_batch(step, self.kv)
+        timer.phase("build_batch", batch.n_tokens)
         logits = self.model.forward(batch, self.kv_cache)  # [len(samplers), vocab]
+        timer.phase("forward")
         self.scheduler.update(step)
         self._in_flight = {}
+        timer.phase("update")
         if samplers:
             lives = [self._live[step.items[i][0].request_id] for i in samplers]
-            self._sample_and_deliver(logits, lives)
+            results = self._sample(logits, lives)
+            timer.phase("sample", len(lives))
+            self._deliver(lives, results)
+            timer.phase("deliver")
         self._steps += 1
         self._last_step_s = time.perf_counter() - t0
 
-    def _sample_and_deliver(self, logits: np.ndarray, lives: list[_Live]) -> None:
+    def _sample(self, logits: np.ndarray, lives: list[_Live]) -> list:
+        """(token, logprob info) per row, or the exception that row's sampling raised."""
         ids = [lv.req.request_id for lv in lives]
         params = [lv.params for lv in lives]
         hist = [lv.req.token_ids for lv in lives]
         try:
             tokens, infos = self.sampler.sample(logits, ids, params, hist)
-            results = list(zip(tokens.tolist(), infos))
+            return list(zip(tokens.tolist(), infos))
         except Exception:  # one bad row must not fail the others: retry row by row
             results = []
             for r, lv in enumerate(lives):
@@ -283,7 +321,10 @@ class Engine:
                     results.append((int(t[0]), inf[0]))
                 except Exception as e:
                     results.append(e)
-        out, max_len = self._outbox, self.scheduler.max_len
+            return results
+
+    def _deliver(self, lives: list[_Live], results: list) -> None:
+        out, max_len = self._outbox, self.max_len
         for lv, res in zip(lives, results):
             if isinstance(res, Exception):
                 self._finish(lv, "error", error=f"{type(res).__name__}: {res}")

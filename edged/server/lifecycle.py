@@ -105,7 +105,7 @@ class ServerState:
     @property
     def max_len(self) -> int:
         """Most tokens (prompt + output) one request may hold."""
-        return self.engine.scheduler.max_len
+        return self.engine.max_len
 
     # -- admission ----------------------------------------------------------------------------
     def check_serving(self) -> None:

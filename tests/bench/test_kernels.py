@@ -46,5 +46,5 @@ def test_unsupported_type_is_skipped_with_a_note():
 def test_cli_lists_every_section():
     res = CliRunner().invoke(main, ["bench", "--help"])
     assert res.exit_code == 0
-    for flag in ("--kernels", "--concurrency", "--prefix-cache", "--prompt-tokens", "serve"):
+    for flag in ("--kernels", "--concurrency", "--prefix-cache", "--breakdown", "--prompt-tokens", "serve"):
         assert flag in res.output
