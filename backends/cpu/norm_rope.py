@@ -1,8 +1,8 @@
 """RMS norm and rotary position embedding (RoPE), float32, with llama.cpp's CPU numerics.
 
 rms_norm sums squares in float64 and scales in float32 as ggml_compute_forward_rms_norm_f32 does;
-rope builds each token's cos/sin table by repeated float32 multiplication, as ggml_rope_cache_init
-does, so angles at long positions round the same way llama.cpp's do.
+rope builds each token's cos/sin table by repeated float32 multiplication (backends/rope.py holds
+the math both backends share), as ggml_rope_cache_init does.
 """
 
 import math
@@ -10,7 +10,12 @@ import math
 import numba as nb
 import numpy as np
 
+from edged.backends import rope as _rope
 from edged.backends.base import RopeParams
+
+_pair_features = nb.njit(inline="always")(_rope.pair_features)
+_pair_angle = nb.njit(inline="always")(_rope.pair_angle)
+_rotate = nb.njit(inline="always")(_rope.rotate)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
@@ -62,31 +67,16 @@ def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, freq_factors
         sin_t = np.empty(half, dtype=np.float32)  # [n_dims/2]
         theta = np.float32(positions[t])
         for i in range(half):
-            # as ggml_rope_cache_init + rope_yarn without YaRN: angle = freq_scale * theta / factor
-            a = freq_scale * (theta / freq_factors[i])
+            a = _pair_angle(theta, freq_scale, freq_factors[i])
             cos_t[i] = np.float32(math.cos(a))
             sin_t[i] = np.float32(math.sin(a))
             theta = theta * theta_scale
         for h in range(heads):
             for i in range(half):
-                if neox:
-                    i0 = i
-                    i1 = i + half
-                else:
-                    i0 = 2 * i
-                    i1 = 2 * i + 1
-                x0 = x[t, h, i0]
-                x1 = x[t, h, i1]
-                out[t, h, i0] = x0 * cos_t[i] - x1 * sin_t[i]
-                out[t, h, i1] = x0 * sin_t[i] + x1 * cos_t[i]
+                i0, i1 = _pair_features(i, half, neox)
+                out[t, h, i0], out[t, h, i1] = _rotate(x[t, h, i0], x[t, h, i1], cos_t[i], sin_t[i])
             for i in range(n_dims, hd):
                 out[t, h, i] = x[t, h, i]
-
-
-def rope_theta_scale(dim: int, freq_base: float) -> np.float32:
-    """base^(-2/dim) rounded as llama.cpp computes it: powf(base, -2.0f / n_dims) in float32."""
-    e = np.float32(-2.0) / np.float32(dim)
-    return np.float32(float(np.float32(freq_base)) ** float(e))
 
 
 def rope(
@@ -105,21 +95,14 @@ def rope(
     positions = np.ascontiguousarray(positions, dtype=np.int32)
     if positions.shape != (n,):
         raise ValueError(f"rope positions shape {positions.shape} does not match {n} tokens")
-    dim = int(p.dim)
-    if dim <= 0 or dim % 2 or dim > hd:
-        raise ValueError(f"rope dim {dim} must be even and within head_dim {hd}")
-    if p.freq_factors is None:
-        factors = np.ones(dim // 2, dtype=np.float32)
-    else:
-        factors = np.ascontiguousarray(p.freq_factors, dtype=np.float32)
-        if factors.shape != (dim // 2,):
-            raise ValueError(f"rope freq_factors shape {factors.shape} != ({dim // 2},)")
+    dim = _rope.rope_dim(p, hd)
+    factors = _rope.rope_factors(p, dim)
     if out is None:
         out = np.empty_like(x)
     elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("rope out must be a C-contiguous float32 array shaped like x")
     _rope_rows(
-        x, positions, dim, bool(p.neox), rope_theta_scale(dim, p.freq_base),
+        x, positions, dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base),
         np.float32(p.freq_scale), factors, out,
     )
     return out

@@ -1,18 +1,23 @@
 """RMS norm and rotary embedding on the device, with the CPU backend's numerics
 (backends/cpu/norm_rope.py): squares summed in float64 and scaled in float32; each pair's angle
-built by repeated float32 multiplication of the position, as ggml_rope_cache_init does."""
+built by repeated float32 multiplication of the position, as ggml_rope_cache_init does (the RoPE
+math both backends share is in backends/rope.py)."""
 
 import math
 
 import numpy as np
 from numba import cuda, float32, float64
 
+from edged.backends import rope as _rope
 from edged.backends.base import RopeParams
-from edged.backends.cpu.norm_rope import rope_theta_scale
 from edged.backends.cuda.launch import launch_1d
 from edged.backends.cuda.memory import as_device
 
 NORM_THREADS = 128  # threads per row (a power of two: tree reduction)
+
+_pair_features = cuda.jit(device=True, inline=True)(_rope.pair_features)
+_pair_angle = cuda.jit(device=True, inline=True)(_rope.pair_angle)
+_rotate = cuda.jit(device=True, inline=True)(_rope.rotate)
 
 
 @cuda.jit
@@ -79,20 +84,12 @@ def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, factors, out
         theta = float32(positions[t])
         for _ in range(j):
             theta = theta * theta_scale
-        a = freq_scale * (theta / factors[j])
+        a = _pair_angle(theta, freq_scale, factors[j])
         cs = float32(math.cos(a))
         sn = float32(math.sin(a))
-        if neox:
-            i0 = j
-            i1 = j + half
-        else:
-            i0 = 2 * j
-            i1 = 2 * j + 1
+        i0, i1 = _pair_features(j, half, neox)
         for h in range(heads):
-            x0 = x[t, h, i0]
-            x1 = x[t, h, i1]
-            out[t, h, i0] = x0 * cs - x1 * sn
-            out[t, h, i1] = x0 * sn + x1 * cs
+            out[t, h, i0], out[t, h, i1] = _rotate(x[t, h, i0], x[t, h, i1], cs, sn)
     else:
         c = n_dims + (j - half)
         for h in range(heads):
@@ -108,12 +105,7 @@ def _factors_on_device(p: RopeParams, dim: int):
     hit = _FACTORS.get(key)
     if hit is not None and (p.freq_factors is None or hit[0] is p.freq_factors):
         return hit[1]
-    if p.freq_factors is None:
-        host = np.ones(dim // 2, dtype=np.float32)
-    else:
-        host = np.ascontiguousarray(p.freq_factors, dtype=np.float32)
-        if host.shape != (dim // 2,):
-            raise ValueError(f"rope freq_factors shape {host.shape} != ({dim // 2},)")
+    host = _rope.rope_factors(p, dim)
     dev = cuda.to_device(host)
     _FACTORS[key] = (p.freq_factors, dev)  # holding the host array keeps its id from being reused
     return dev
@@ -129,9 +121,7 @@ def rope(x, positions, p: RopeParams, out=None):
     positions = as_device(positions, np.int32, "rope positions")
     if tuple(positions.shape) != (n,):
         raise ValueError(f"rope positions shape {tuple(positions.shape)} does not match {n} tokens")
-    dim = int(p.dim)
-    if dim <= 0 or dim % 2 or dim > hd:
-        raise ValueError(f"rope dim {dim} must be even and within head_dim {hd}")
+    dim = _rope.rope_dim(p, hd)
     factors = _factors_on_device(p, dim)
     if out is None:
         out = cuda.device_array(x.shape, dtype=np.float32)  # [n, heads, hd]
@@ -141,5 +131,6 @@ def rope(x, positions, p: RopeParams, out=None):
     if n:
         blocks, threads = launch_1d(n * per, 128)
         _rope_rows[blocks, threads](x, positions, np.int32(dim), np.int32(1 if p.neox else 0),
-                                    rope_theta_scale(dim, p.freq_base), np.float32(p.freq_scale), factors, out)
+                                    _rope.rope_theta_scale(dim, p.freq_base), np.float32(p.freq_scale), factors,
+                                    out)
     return out
