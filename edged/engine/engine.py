@@ -24,7 +24,6 @@ from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed, window_
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
-from edged import sampling_kernels
 from edged.sampling import Sampler, SamplingParams
 
 log = logging.getLogger("edged.engine")
@@ -118,7 +117,7 @@ class Engine:
                                    config.max_model_len or model.context_length)
         self._check_window_pool()
         self.sampler = Sampler()
-        sampling_kernels.warm_up()  # compiled now, not inside the first sampled request's step
+        self.sampler.warm_up()
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox = Outbox()  # this step's deltas, flushed once per step (engine thread only)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edged.sampling_kernels import DRAW_BLOCK, draw_softmax, softmax_denominator
+from edged.backends.cpu.sampling import DRAW_BLOCK, draw_softmax, softmax_denominator
 
 
 def _row(v, seed, scale=3.0, n_inf=0):

@@ -1,0 +1,76 @@
+"""The Numba cache directory is keyed on kernel sources only: editing the server or chat code
+keeps compiled kernels, editing a kernel or a module a kernel imports recompiles them."""
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edged import _numba_env
+from edged._numba_env import kernel_source_hash, kernel_sources
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the package sources laid out as the checkout is."""
+    for d in ("edged", "quant", "backends", "models"):
+        shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def _touch(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# edited\n")
+
+
+@pytest.mark.parametrize("module", ["edged/chat.py", "edged/server/app.py", "edged/cli/serve.py",
+                                    "edged/sampling.py", "edged/engine/engine.py", "models/gemma3.py"])
+def test_editing_a_non_kernel_module_keeps_the_key(tree, module):
+    before = kernel_source_hash(tree)
+    _touch(tree / module)
+    assert kernel_source_hash(tree) == before
+
+
+@pytest.mark.parametrize("module", ["backends/cpu/activations.py", "backends/cpu/sampling.py",
+                                    "edged/tokenizer/spm.py", "quant/types.py"])
+def test_editing_a_kernel_source_changes_the_key(tree, module):
+    before = kernel_source_hash(tree)
+    _touch(tree / module)  # quant/types.py: no numba, but its constants are compiled into kernels
+    assert kernel_source_hash(tree) != before
+
+
+def test_a_new_kernel_module_changes_the_key(tree):
+    before = kernel_source_hash(tree)
+    (tree / "backends/cpu/new_kernel.py").write_text("import numba\n\nfrom edged.chat import x\n")
+    assert kernel_source_hash(tree) != before
+    assert "edged.chat" in kernel_sources(tree)  # what a kernel module imports is a kernel source
+
+
+def test_kernel_sources_and_the_installed_lookup():
+    found = kernel_sources(ROOT)
+    for m in ("edged.backends.cpu.activations", "edged.backends.cpu.sampling", "edged.tokenizer.spm",
+              "edged.quant.types", "edged.backends.cpu.fastexp"):
+        assert m in found, m
+    for m in ("edged.chat", "edged.server.app", "edged.sampling", "edged.engine.engine", "edged.cli"):
+        assert m not in found, m
+    assert kernel_source_hash() == kernel_source_hash(ROOT)  # this checkout is what Python imports
+
+
+def test_import_scan_matches_the_parser_on_every_module():
+    """The regex that finds imports (fast enough for every `import edged`) agrees with ast."""
+    mods = _numba_env._modules(_numba_env._package_dirs(ROOT))
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        want = set()
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                want.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module
+                want.add(base)
+                want.update(f"{base}.{a.name}" for a in node.names)
+        assert _numba_env._imports(name, path) == want, name
