@@ -4,7 +4,8 @@ Work is split into items (token, kv head, key chunk): each item reads its K/V ro
 query heads sharing that kv head (GQA), computes exact scores for its chunk, and keeps (max, sum,
 weighted V) so chunks of one token combine exactly (flash-decoding). A single decode gets several
 chunks so both cores stream the context. Chunks are a fixed number of keys, so results never
-depend on the batch a token shares (batch invariance).
+depend on the batch a token shares (batch invariance). The 4 x 4 register tiles that score keys
+and weigh V rows are in attention_tiles.py.
 """
 
 import math
@@ -13,9 +14,9 @@ import numba as nb
 import numpy as np
 
 from edged.backends.base import Batch, LayerKV, kv_shape
+from edged.backends.cpu.attention_tiles import FM, score_keys, weigh_values
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
 
-_FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: the -inf sentinel must stay exact
 # Keys per chunk, fixed so a token's chunk boundaries (and so its rounding) depend on the token
 # alone, never on the batch around it: the same request gives the same output in any batch.
 _CHUNK = 256
@@ -67,192 +68,101 @@ def store_kv(kv: LayerKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
         raise ValueError(f"store_kv: slot out of range (cache holds {kv.k.shape[0] * kv.k.shape[1]} slots)")
 
 
-# Register tiles: 4 query heads x 4 keys share each loaded K/V element across 16 FMAs, which
-# halves the loads per FMA of a one-key-at-a-time loop (measured ~2x faster per key at hd 256).
+@nb.njit(inline="always")
+def _work_item(it0, n_items, kvh, n_chunks):
+    """(token, kv head, chunk) of the it0-th item in zigzag order.
+
+    prange hands each thread a contiguous range, and a causal prefill's work grows with the token;
+    pairing the shortest items with the longest balances the threads.
+    """
+    it = it0 // 2 if it0 % 2 == 0 else n_items - 1 - it0 // 2
+    return it // (kvh * n_chunks), (it // n_chunks) % kvh, it % n_chunks
 
 
-@nb.njit(inline="always", fastmath=_FM)
-def _dot(a, b):
-    """a . b for float32 [hd] rows, vectorized (reassociated) sum."""
-    s = np.float32(0.0)
-    for i in range(a.shape[0]):
-        s += a[i] * b[i]
-    return s
+@nb.njit(inline="always")
+def _chunk_keys(seq_starts, positions, t, window, c, chunk):
+    """(sequence owning token t, first key, end key) of chunk c of t's visible keys [lo, p]."""
+    s = np.searchsorted(seq_starts, t, side="right") - 1
+    p = positions[t]
+    lo = 0
+    if window > 0 and p - window + 1 > 0:
+        lo = p - window + 1
+    j0 = lo + c * chunk
+    return s, j0, min(j0 + chunk, p + 1)
 
 
-@nb.njit(inline="always", fastmath=_FM)
-def _scores_4x4(qg, h, k0, k1, k2, k3, sc, jj, scale):
-    """sc[h:h+4, jj:jj+4] = qg[h:h+4] . [k0..k3] * scale; qg [g, hd], k rows [hd]."""
-    q0 = qg[h]
-    q1 = qg[h + 1]
-    q2 = qg[h + 2]
-    q3 = qg[h + 3]
-    s00 = s01 = s02 = s03 = np.float32(0.0)
-    s10 = s11 = s12 = s13 = np.float32(0.0)
-    s20 = s21 = s22 = s23 = np.float32(0.0)
-    s30 = s31 = s32 = s33 = np.float32(0.0)
-    for d in range(q0.shape[0]):
-        a0 = k0[d]
-        a1 = k1[d]
-        a2 = k2[d]
-        a3 = k3[d]
-        b = q0[d]
-        s00 += b * a0
-        s01 += b * a1
-        s02 += b * a2
-        s03 += b * a3
-        b = q1[d]
-        s10 += b * a0
-        s11 += b * a1
-        s12 += b * a2
-        s13 += b * a3
-        b = q2[d]
-        s20 += b * a0
-        s21 += b * a1
-        s22 += b * a2
-        s23 += b * a3
-        b = q3[d]
-        s30 += b * a0
-        s31 += b * a1
-        s32 += b * a2
-        s33 += b * a3
-    sc[h, jj] = s00 * scale
-    sc[h, jj + 1] = s01 * scale
-    sc[h, jj + 2] = s02 * scale
-    sc[h, jj + 3] = s03 * scale
-    sc[h + 1, jj] = s10 * scale
-    sc[h + 1, jj + 1] = s11 * scale
-    sc[h + 1, jj + 2] = s12 * scale
-    sc[h + 1, jj + 3] = s13 * scale
-    sc[h + 2, jj] = s20 * scale
-    sc[h + 2, jj + 1] = s21 * scale
-    sc[h + 2, jj + 2] = s22 * scale
-    sc[h + 2, jj + 3] = s23 * scale
-    sc[h + 3, jj] = s30 * scale
-    sc[h + 3, jj + 1] = s31 * scale
-    sc[h + 3, jj + 2] = s32 * scale
-    sc[h + 3, jj + 3] = s33 * scale
+@nb.njit(inline="always", fastmath=FM)
+def _score_chunk(qg, kc, block_tables, s, kh, j0, j1, sc, scale):
+    """sc [g, j1 - j0] = scores of keys j0..j1-1 of sequence s; False on a bad block-table entry.
+
+    Keys are walked block by block, so each K row is read once for all g query heads.
+    """
+    n_blocks, bs = kc.shape[0], kc.shape[1]
+    max_blocks = block_tables.shape[1]
+    j = j0
+    while j < j1:
+        bi = j // bs
+        blk = block_tables[s, bi] if bi < max_blocks else -1
+        if blk < 0 or blk >= n_blocks:
+            return False
+        o_end = min(bs, j1 - bi * bs)
+        score_keys(qg, kc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, scale)
+        j = bi * bs + o_end
+    return True
 
 
-@nb.njit(inline="always", fastmath=_FM)
-def _scores_1x4(qr, k0, k1, k2, k3, sr, jj, scale):
-    """sr[jj:jj+4] = qr . [k0..k3] * scale for one head's query row qr [hd]."""
-    s0 = s1 = s2 = s3 = np.float32(0.0)
-    for d in range(qr.shape[0]):
-        b = qr[d]
-        s0 += b * k0[d]
-        s1 += b * k1[d]
-        s2 += b * k2[d]
-        s3 += b * k3[d]
-    sr[jj] = s0 * scale
-    sr[jj + 1] = s1 * scale
-    sr[jj + 2] = s2 * scale
-    sr[jj + 3] = s3 * scale
+@nb.njit(inline="always", fastmath=FM)
+def _softmax_chunk(sc, cap, part_m, part_l, t, h0, c):
+    """Soft-cap sc's scores (cap > 0), turn them into e^(score - max) in place, and record each
+    head's max and sum in part_m / part_l[t, h0 + head, c]."""
+    nk = sc.shape[1]
+    for hh in range(sc.shape[0]):
+        row = sc[hh]  # [nk]
+        if cap > 0:
+            for jj in range(nk):
+                row[jj] = cap * np.float32(math.tanh(row[jj] / cap))
+        m = row[0]
+        for jj in range(1, nk):
+            m = max(m, row[jj])
+        l = np.float32(0.0)
+        for jj in range(nk):
+            e = _exp_nonpos(row[jj] - m)
+            row[jj] = e
+            l += e
+        part_m[t, h0 + hh, c] = m
+        part_l[t, h0 + hh, c] = l
 
 
-@nb.njit(inline="always", fastmath=_FM)
-def _weigh_4x4(acc, h, sc, jj, v0, v1, v2, v3):
-    """acc[h:h+4] += sc[h:h+4, jj:jj+4] @ [v0..v3]; acc [g, hd], v rows [hd]."""
-    p00 = sc[h, jj]
-    p01 = sc[h, jj + 1]
-    p02 = sc[h, jj + 2]
-    p03 = sc[h, jj + 3]
-    p10 = sc[h + 1, jj]
-    p11 = sc[h + 1, jj + 1]
-    p12 = sc[h + 1, jj + 2]
-    p13 = sc[h + 1, jj + 3]
-    p20 = sc[h + 2, jj]
-    p21 = sc[h + 2, jj + 1]
-    p22 = sc[h + 2, jj + 2]
-    p23 = sc[h + 2, jj + 3]
-    p30 = sc[h + 3, jj]
-    p31 = sc[h + 3, jj + 1]
-    p32 = sc[h + 3, jj + 2]
-    p33 = sc[h + 3, jj + 3]
-    a0 = acc[h]
-    a1 = acc[h + 1]
-    a2 = acc[h + 2]
-    a3 = acc[h + 3]
-    for d in range(a0.shape[0]):
-        x0 = v0[d]
-        x1 = v1[d]
-        x2 = v2[d]
-        x3 = v3[d]
-        a0[d] += p00 * x0 + p01 * x1 + p02 * x2 + p03 * x3
-        a1[d] += p10 * x0 + p11 * x1 + p12 * x2 + p13 * x3
-        a2[d] += p20 * x0 + p21 * x1 + p22 * x2 + p23 * x3
-        a3[d] += p30 * x0 + p31 * x1 + p32 * x2 + p33 * x3
+@nb.njit(inline="always", fastmath=FM)
+def _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc):
+    """acc [g, hd] += sc's probabilities times V rows j0..j1-1, each read once for all g heads
+    (the block table was checked by _score_chunk)."""
+    bs = vc.shape[1]
+    j = j0
+    while j < j1:
+        bi = j // bs
+        blk = block_tables[s, bi]
+        o_end = min(bs, j1 - bi * bs)
+        weigh_values(acc, vc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0)
+        j = bi * bs + o_end
 
 
-@nb.njit(inline="always", fastmath=_FM)
-def _weigh_1x4(ar, sr, jj, v0, v1, v2, v3):
-    """ar += sr[jj:jj+4] @ [v0..v3] for one head's accumulator row ar [hd]."""
-    p0 = sr[jj]
-    p1 = sr[jj + 1]
-    p2 = sr[jj + 2]
-    p3 = sr[jj + 3]
-    for d in range(ar.shape[0]):
-        ar[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
+@nb.njit(inline="always", fastmath=FM)
+def _write_item(acc, t, h0, c, n_chunks, part_l, out, part_acc):
+    """One chunk: out[t, h0:h0+g] = acc / sum; several: acc kept in part_acc for _combine_chunks."""
+    g, hd = acc.shape
+    if n_chunks == 1:
+        for hh in range(g):
+            inv = np.float32(1.0) / part_l[t, h0 + hh, 0]
+            for d in range(hd):
+                out[t, h0 + hh, d] = acc[hh, d] * inv
+    else:
+        for hh in range(g):
+            for d in range(hd):
+                part_acc[t, h0 + hh, c, d] = acc[hh, d]
 
 
-@nb.njit(inline="always", fastmath=_FM)
-def _axpy(y, a, x):
-    """y += a * x over float32 [hd] rows."""
-    for i in range(y.shape[0]):
-        y[i] += a * x[i]
-
-
-@nb.njit(inline="always", fastmath=_FM)
-def _score_keys(qg, kc, blk, kh, o0, o1, sc, base, scale):
-    """Scores of keys at offsets o0..o1-1 of block blk into sc[:, base + o] (qg [g, hd])."""
-    g = qg.shape[0]
-    o = o0
-    while o + 4 <= o1:
-        k0 = kc[blk, o, kh]
-        k1 = kc[blk, o + 1, kh]
-        k2 = kc[blk, o + 2, kh]
-        k3 = kc[blk, o + 3, kh]
-        h = 0
-        while h + 4 <= g:
-            _scores_4x4(qg, h, k0, k1, k2, k3, sc, base + o, scale)
-            h += 4
-        while h < g:
-            _scores_1x4(qg[h], k0, k1, k2, k3, sc[h], base + o, scale)
-            h += 1
-        o += 4
-    while o < o1:
-        krow = kc[blk, o, kh]  # [hd]
-        for h in range(g):
-            sc[h, base + o] = _dot(qg[h], krow) * scale
-        o += 1
-
-
-@nb.njit(inline="always", fastmath=_FM)
-def _weigh_values(acc, vc, blk, kh, o0, o1, sc, base):
-    """acc [g, hd] += probabilities sc[:, base + o] times V rows at offsets o0..o1-1 of blk."""
-    g = acc.shape[0]
-    o = o0
-    while o + 4 <= o1:
-        v0 = vc[blk, o, kh]
-        v1 = vc[blk, o + 1, kh]
-        v2 = vc[blk, o + 2, kh]
-        v3 = vc[blk, o + 3, kh]
-        h = 0
-        while h + 4 <= g:
-            _weigh_4x4(acc, h, sc, base + o, v0, v1, v2, v3)
-            h += 4
-        while h < g:
-            _weigh_1x4(acc[h], sc[h], base + o, v0, v1, v2, v3)
-            h += 1
-        o += 4
-    while o < o1:
-        vrow = vc[blk, o, kh]  # [hd]
-        for h in range(g):
-            _axpy(acc[h], sc[h, base + o], vrow)
-        o += 1
-
-
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
 def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, chunk, n_chunks,
                       scale, cap, out, part_m, part_l, part_acc, err):
     """Score chunks of each token's visible keys and reduce them to (max, sum, weighted V).
@@ -264,85 +174,30 @@ def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, ch
     writes part_m/part_l [n, h, n_chunks] and part_acc [n, h, n_chunks, hd] for _combine_chunks.
     """
     n, n_heads, hd = q.shape
-    n_blocks, bs, kvh, _ = kc.shape
-    max_blocks = block_tables.shape[1]
+    kvh = kc.shape[2]
     g = n_heads // kvh
     n_items = n * kvh * n_chunks
     for it0 in nb.prange(n_items):
-        # zigzag order: prange hands each thread a contiguous range, and a causal prefill's work
-        # grows with t; pairing the shortest with the longest items balances the threads
-        it = it0 // 2 if it0 % 2 == 0 else n_items - 1 - it0 // 2
-        t = it // (kvh * n_chunks)
-        kh = (it // n_chunks) % kvh
-        c = it % n_chunks
-        s = np.searchsorted(seq_starts, t, side="right") - 1  # the sequence owning token t
-        p = positions[t]
-        lo = 0
-        if window > 0 and p - window + 1 > 0:
-            lo = p - window + 1
-        j0 = lo + c * chunk
-        j1 = min(j0 + chunk, p + 1)
+        t, kh, c = _work_item(it0, n_items, kvh, n_chunks)
+        s, j0, j1 = _chunk_keys(seq_starts, positions, t, window, c, chunk)
         h0 = kh * g
         if j0 >= j1:  # this token has fewer chunks: an empty item
             for hh in range(g):
                 part_m[t, h0 + hh, c] = -np.inf
                 part_l[t, h0 + hh, c] = np.float32(0.0)
             continue
-        nk = j1 - j0
-        sc = np.empty((g, nk), dtype=np.float32)  # [g, nk] scores, then probabilities
+        sc = np.empty((g, j1 - j0), dtype=np.float32)  # [g, nk] scores, then probabilities
         qg = q[t, h0 : h0 + g]  # [g, hd] query heads sharing kv head kh
-        # pass 1: scores; each K row is read once for all g query heads, block by block
-        ok = True
-        j = j0
-        while j < j1:
-            bi = j // bs
-            blk = block_tables[s, bi] if bi < max_blocks else -1
-            if blk < 0 or blk >= n_blocks:
-                ok = False
-                break
-            o_end = min(bs, j1 - bi * bs)
-            _score_keys(qg, kc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, scale)
-            j = bi * bs + o_end
-        if not ok:
+        if not _score_chunk(qg, kc, block_tables, s, kh, j0, j1, sc, scale):
             err[0] = 1  # bad block table: the caller raises, the result is not used
             continue
-        # pass 2: softmax numerators within the chunk
-        for hh in range(g):
-            row = sc[hh]  # [nk]
-            if cap > 0:
-                for jj in range(nk):
-                    row[jj] = cap * np.float32(math.tanh(row[jj] / cap))
-            m = row[0]
-            for jj in range(1, nk):
-                m = max(m, row[jj])
-            l = np.float32(0.0)
-            for jj in range(nk):
-                e = _exp_nonpos(row[jj] - m)
-                row[jj] = e
-                l += e
-            part_m[t, h0 + hh, c] = m
-            part_l[t, h0 + hh, c] = l
-        # pass 3: probability-weighted V rows, each read once for all g heads
+        _softmax_chunk(sc, cap, part_m, part_l, t, h0, c)
         acc = np.zeros((g, hd), dtype=np.float32)  # [g, hd]
-        j = j0
-        while j < j1:
-            bi = j // bs
-            blk = block_tables[s, bi]
-            o_end = min(bs, j1 - bi * bs)
-            _weigh_values(acc, vc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0)
-            j = bi * bs + o_end
-        if n_chunks == 1:
-            for hh in range(g):
-                inv = np.float32(1.0) / part_l[t, h0 + hh, 0]
-                for d in range(hd):
-                    out[t, h0 + hh, d] = acc[hh, d] * inv
-        else:
-            for hh in range(g):
-                for d in range(hd):
-                    part_acc[t, h0 + hh, c, d] = acc[hh, d]
+        _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc)
+        _write_item(acc, t, h0, c, n_chunks, part_l, out, part_acc)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
 def _combine_chunks(part_m, part_l, part_acc, out):
     """out[t, h] = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c over a token's chunks."""
     n, n_heads, n_chunks, hd = part_acc.shape
