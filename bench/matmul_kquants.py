@@ -13,12 +13,10 @@ Usage: NUMBA_NUM_THREADS=1 .venv/bin/python bench/matmul_kquants.py [--repeat 20
 
 import argparse
 import os
-import sys
 import time
 
 # BLAS gets as many threads as the kernels (an oversubscribed OpenBLAS spins and times nonsense)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("NUMBA_NUM_THREADS", "2"))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.helpers
 
 import edged  # noqa: F401  (numba settings before numba is imported)
 import numba as nb
@@ -49,9 +47,9 @@ def _tensors(types):
     found = {}
     try:
         from edged.quant.gguf import load_gguf
-        from tests.helpers.model import default_model_path
+        from edged.model_path import resolve_model_path
 
-        for t in load_gguf(default_model_path()).tensors.values():
+        for t in load_gguf(resolve_model_path(None)).tensors.values():
             if t.qtype in types and t.qtype not in found and "ffn_down" in t.name:
                 found[t.qtype] = t
     except Exception as e:  # noqa: BLE001 - the bench still runs on synthesized tensors

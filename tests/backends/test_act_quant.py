@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T
 from edged.backends.cpu.act_quant import quantize_activations
 from edged.backends.cpu.matmul import matmul
 from tests.helpers.qdata import random_qtensor, reference_dequantize
-from tests.models.llamacpp_emulation import quant_q8_K
+from tests.helpers.ggml_quant import quant_q8_K
 
 
 def _x(n, k, seed=0):
