@@ -22,14 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.chat_builtin import BUILTIN_TEMPLATES, CHATML
-from edged.chat_sandbox import (
-    DEFAULT_MAX_OUTPUT_CHARS,
-    DEFAULT_TIMEOUT_S,
-    ChatTemplateError,
-    build_environment,
-    compile_template,
-    render_bounded,
-)
+from edged.chat_limits import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, ChatTemplateError
+from edged.chat_sandbox import build_environment, compile_template, render_bounded
 
 __all__ = [
     "ChatTemplate",

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from edged.chat import ChatTemplateError, render_chat
-from edged.chat_sandbox import DEFAULT_TIMEOUT_S
+from edged.chat_limits import DEFAULT_TIMEOUT_S
 
 MSGS = [{"role": "user", "content": "hi"}]
 
