@@ -112,15 +112,3 @@ def mixed_batch(model, case: TinyCase, other: TinyCase, block_size: int):
         want = np.concatenate([case.ref_logits[start_a : sa.length], other.ref_logits[start_b : sb.length]])
         pairs.append((logits, want))
     return pairs
-
-
-def check_prefill(case, backend, block_size: int = 16):
-    check(case, backend, prefill, block_size)
-
-
-def check_decode(case, backend, block_size: int):
-    check(case, backend, decode, block_size)
-
-
-def check_mixed_batch(case, other, backend, block_size: int):
-    check(case, backend, mixed_batch, other, block_size)

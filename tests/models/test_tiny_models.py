@@ -1,0 +1,116 @@
+"""Tiny models of every architecture against the float64 reference forward: prefill, paged decode
+and mixed batches on each backend (tests/models/tiny_checks.py), plus what each variant loaded.
+
+Variants: Gemma 3 (6 layers: 5 sliding-window + 1 global, and without a window); Llama (plain,
+linear RoPE scaling with tied output, Llama 3 rope_freqs, the mistral alias); Phi-3 (fused attn_qkv
+and gate|up ffn_up); Qwen2 (q/k/v biases, tied output); Qwen3 (per-head q/k RMS norms, head_dim
+32 ≠ n_embd / n_heads).
+"""
+
+import numpy as np
+import pytest
+
+from tests.helpers.tiny_models import write_tiny_model
+from tests.models.driver import Seq, ShuffledBlocks, make_batch
+from tests.models.tiny_checks import BACKENDS, TinyCase, check, decode, mixed_batch, prefill, rel_err
+
+
+def _gemma3_loaded(model, gf):
+    windows = [model.layer_window(i) for i in range(6)]
+    assert windows == ([4] * 5 + [0] if model.hparams.sliding_window else [0] * 6)
+
+
+def _llama_loaded(model, gf):
+    rope = model.layers[0].rope
+    assert not rope.neox and model.n_layers == 2
+    if gf.architecture == "llama" and "rope_freqs.weight" in gf.tensors:
+        assert rope.freq_factors is not None and rope.freq_factors.shape == (8,)
+    if model.hparams.rope_scaling == "linear":
+        assert rope.freq_scale == 0.5 and model.output is model.token_embd
+
+
+def _phi3_loaded(model, gf):
+    lw = model.layers[0]
+    assert lw.attn.wqkv.shape == (192, 64) and lw.attn.wq is None
+    assert lw.ffn.gate is None and lw.ffn.up.shape == (512, 64)
+    assert lw.rope.neox and lw.window == 0
+
+
+def _qwen2_loaded(model, gf):
+    a = model.layers[0].attn
+    assert a.bq.shape == (64,) and a.bk.shape == (32,) and a.bv.shape == (32,)
+    assert model.layers[0].rope.neox and model.output is model.token_embd  # tied
+
+
+def _qwen3_loaded(model, gf):
+    a = model.layers[1].attn
+    assert model.head_dim == 32 and a.wq.shape == (128, 64) and a.q_norm.shape == (32,)
+    assert model.layers[0].rope.neox and model.output is not model.token_embd
+
+
+# case id -> (architecture, write_tiny_model options, check of what loaded)
+VARIANTS = {
+    "gemma3-window4": ("gemma3", dict(sliding_window=4), _gemma3_loaded),
+    "gemma3-no_window": ("gemma3", dict(sliding_window=0), _gemma3_loaded),
+    "llama-plain": ("llama", {}, _llama_loaded),
+    "llama-linear_tied": ("llama", dict(rope_scaling="linear", tied=True), _llama_loaded),
+    "llama-rope_freqs": ("llama", dict(rope_freqs=True), _llama_loaded),
+    "llama-mistral": ("llama", dict(arch_name="mistral"), _llama_loaded),
+    "phi3": ("phi3", {}, _phi3_loaded),
+    "qwen2": ("qwen2", {}, _qwen2_loaded),
+    "qwen3": ("qwen3", {}, _qwen3_loaded),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def case(variant, tmp_path_factory):
+    arch, options, _ = VARIANTS[variant]
+    return TinyCase(write_tiny_model(tmp_path_factory.mktemp(variant) / "m.gguf", arch, **options))
+
+
+@pytest.fixture(scope="module")
+def other(case):
+    return TinyCase(case.path, n_tokens=10, seed=7)
+
+
+def test_loaded(variant, case):
+    VARIANTS[variant][2](case.model("numpy"), case.gf)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill(case, backend):
+    check(case, backend, prefill, 16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("block_size", [16, 4])
+def test_decode(case, backend, block_size):
+    check(case, backend, decode, block_size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_batch(case, other, backend):
+    check(case, backend, mixed_batch, other, 4)
+
+
+def test_chunk_without_logit_rows(case):
+    """A prefill chunk that needs no logits still stores its KV; the next chunk sees it."""
+    model = case.model("numpy")
+    kv, alloc, seq = model.allocate_kv(6, 4), ShuffledBlocks(6), Seq()
+    first = make_batch([seq], [case.tokens[:6]], alloc, 4)
+    first.logits_indices = np.zeros(0, np.int32)
+    assert model.forward(first, kv).shape == (0, model.vocab_size)
+    rest = model.forward(make_batch([seq], [case.tokens[6:]], alloc, 4), kv)
+    assert rel_err(rest[0], case.ref_logits[-1]) <= 1e-4
+
+
+def test_gemma3_sliding_window_matters(tmp_path):
+    # the sequence (13 tokens) is longer than the window: local layers must see fewer keys
+    windowed, full = (TinyCase(write_tiny_model(tmp_path / f"w{w}.gguf", "gemma3", sliding_window=w))
+                      for w in (4, 0))
+    assert np.abs(full.ref_logits[-1] - windowed.ref_logits[-1]).max() > 1e-3
