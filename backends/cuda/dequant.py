@@ -26,35 +26,32 @@ IQ4_U8 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 
 
 
 @cuda.jit(device=True, inline=True)
-def f16_from_bits(h):
-    """float32 of the IEEE binary16 bit pattern h (an int in 0..65535), exact."""
-    e = (h >> 10) & 31
-    m = h & 1023
+def _float_from_bits(h, mbits, emax, bias):
+    """float32 of a 16-bit IEEE-style pattern h with mbits mantissa bits, exponent field all-ones
+    emax and exponent bias `bias` (sign in bit 15), exact."""
+    e = (h >> mbits) & emax
+    m = h & ((1 << mbits) - 1)
     if e == 0:
-        v = float32(math.ldexp(float32(m), -24))
-    elif e == 31:
+        v = float32(math.ldexp(float32(m), 1 - bias - mbits))
+    elif e == emax:
         v = float32(math.inf) if m == 0 else float32(math.nan)
     else:
-        v = float32(math.ldexp(float32(m + 1024), int(e - 25)))
+        v = float32(math.ldexp(float32(m + (1 << mbits)), int(e - bias - mbits)))
     if h & 0x8000:
         v = -v
     return v
 
 
 @cuda.jit(device=True, inline=True)
+def f16_from_bits(h):
+    """float32 of the IEEE binary16 bit pattern h (an int in 0..65535), exact."""
+    return _float_from_bits(h, 10, 31, 15)
+
+
+@cuda.jit(device=True, inline=True)
 def bf16_from_bits(h):
     """float32 of the bfloat16 bit pattern h (an int in 0..65535), exact."""
-    e = (h >> 7) & 255
-    m = h & 127
-    if e == 0:
-        v = float32(math.ldexp(float32(m), -133))
-    elif e == 255:
-        v = float32(math.inf) if m == 0 else float32(math.nan)
-    else:
-        v = float32(math.ldexp(float32(m + 128), int(e - 134)))
-    if h & 0x8000:
-        v = -v
-    return v
+    return _float_from_bits(h, 7, 255, 127)
 
 
 @cuda.jit(device=True, inline=True)
@@ -120,10 +117,17 @@ def q4_1_scales(w, r, b, h):
 
 
 @cuda.jit(device=True, inline=True)
-def q5_0_load4(w, r, b, g):
-    a0, a1, a2, a3 = _nib4(w, r, b * 22 + 6, g)
-    h0, h1, h2, h3 = _hi4(w, r, b * 22 + 2, g)
+def _nib5(w, r, qs, qh, g):
+    """Five-bit quants of elements 4g .. 4g+3: nibbles from the qs field at byte qs, fifth bits
+    from the u32 qh at byte qh."""
+    a0, a1, a2, a3 = _nib4(w, r, qs, g)
+    h0, h1, h2, h3 = _hi4(w, r, qh, g)
     return a0 | h0, a1 | h1, a2 | h2, a3 | h3
+
+
+@cuda.jit(device=True, inline=True)
+def q5_0_load4(w, r, b, g):
+    return _nib5(w, r, b * 22 + 6, b * 22 + 2, g)
 
 
 @cuda.jit(device=True, inline=True)
@@ -134,9 +138,7 @@ def q5_0_scales(w, r, b, h):
 
 @cuda.jit(device=True, inline=True)
 def q5_1_load4(w, r, b, g):
-    a0, a1, a2, a3 = _nib4(w, r, b * 24 + 8, g)
-    h0, h1, h2, h3 = _hi4(w, r, b * 24 + 4, g)
-    return a0 | h0, a1 | h1, a2 | h2, a3 | h3
+    return _nib5(w, r, b * 24 + 8, b * 24 + 4, g)
 
 
 @cuda.jit(device=True, inline=True)
@@ -195,13 +197,19 @@ def q4_k_scales(w, r, b, h):
 
 
 @cuda.jit(device=True, inline=True)
+def _plane_bit4(a0, a1, a2, a3, w, r, o, j, shift):
+    """a_l | (bit j of byte o + l) << shift for l = 0..3: a high bit of elements 4g .. 4g+3 from a
+    bit plane (Q5_K qh, Q3_K hmask) whose byte l holds bit j for element l of 32-block j."""
+    return (a0 | (((_u8(w, r, o) >> j) & 1) << shift), a1 | (((_u8(w, r, o + 1) >> j) & 1) << shift),
+            a2 | (((_u8(w, r, o + 2) >> j) & 1) << shift), a3 | (((_u8(w, r, o + 3) >> j) & 1) << shift))
+
+
+@cuda.jit(device=True, inline=True)
 def q5_k_load4(w, r, b, g):
     base = (b >> 3) * 176
     j = b & 7
     a0, a1, a2, a3 = _q4k_nib4(w, r, base + 48, j, g)
-    o = base + 16 + 4 * g  # qh[l]: bit j is the fifth bit of element l of 32-block j
-    return (a0 | (((_u8(w, r, o) >> j) & 1) << 4), a1 | (((_u8(w, r, o + 1) >> j) & 1) << 4),
-            a2 | (((_u8(w, r, o + 2) >> j) & 1) << 4), a3 | (((_u8(w, r, o + 3) >> j) & 1) << 4))
+    return _plane_bit4(a0, a1, a2, a3, w, r, base + 16 + 4 * g, j, 4)
 
 
 @cuda.jit(device=True, inline=True)
@@ -268,9 +276,7 @@ def q3_k_load4(w, r, b, g):
     base = (b >> 3) * 110
     j = b & 7
     a0, a1, a2, a3 = _low2(w, r, base + 32, j, g)
-    o = base + 4 * g  # hmask[l]: bit j is the third bit of element l of 32-block j
-    return (a0 | (((_u8(w, r, o) >> j) & 1) << 2), a1 | (((_u8(w, r, o + 1) >> j) & 1) << 2),
-            a2 | (((_u8(w, r, o + 2) >> j) & 1) << 2), a3 | (((_u8(w, r, o + 3) >> j) & 1) << 2))
+    return _plane_bit4(a0, a1, a2, a3, w, r, base + 4 * g, j, 2)
 
 
 @cuda.jit(device=True, inline=True)

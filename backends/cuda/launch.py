@@ -7,7 +7,7 @@ Both take the same arguments, so kernels are written once: each kernel allocates
 must make the call (no early returns before a reduction).
 """
 
-from numba import cuda, float32, int32
+from numba import cuda
 
 # True under the CUDA simulator: asked of numba.cuda itself (the env var may have changed since)
 SIM = "simulator" in getattr(cuda.to_device, "__module__", "")
@@ -33,16 +33,8 @@ def launch_1d(n: int, cap: int = 256):
 
 
 @cuda.jit(device=True, inline=True)
-def _isum_shfl(v, width, scratch, tid):
-    o = width >> 1
-    while o > 0:
-        v += cuda.shfl_xor_sync(FULL_MASK, v, o)
-        o >>= 1
-    return v
-
-
-@cuda.jit(device=True, inline=True)
-def _fsum_shfl(v, width, scratch, tid):
+def _sum_shfl(v, width, scratch, tid):
+    """Butterfly sum over the group by warp shuffles (the type of v: int32 or float32)."""
     o = width >> 1
     while o > 0:
         v += cuda.shfl_xor_sync(FULL_MASK, v, o)
@@ -51,30 +43,19 @@ def _fsum_shfl(v, width, scratch, tid):
 
 
 @cuda.jit(device=True)
-def _isum_shared(v, width, scratch, tid):
+def _sum_shared(v, width, scratch, tid):
+    """The same sum through shared memory (in scratch's type), for the simulator."""
     cuda.syncthreads()  # earlier readers of scratch are done
     scratch[tid] = v
     cuda.syncthreads()
     base = tid - tid % width
-    s = int32(0)
-    for i in range(width):
-        s += int32(scratch[base + i])
-    return s
-
-
-@cuda.jit(device=True)
-def _fsum_shared(v, width, scratch, tid):
-    cuda.syncthreads()
-    scratch[tid] = v
-    cuda.syncthreads()
-    base = tid - tid % width
-    s = float32(0.0)
-    for i in range(width):
-        s += float32(scratch[base + i])
+    s = scratch[base]
+    for i in range(1, width):
+        s += scratch[base + i]
     return s
 
 
 # isum(v, width, scratch, tid): int32 sum of v over aligned groups of `width` lanes (a power of
-# two <= 32), returned to every lane of the group; fsum: the same for float32.
-isum = _isum_shared if SIM else _isum_shfl
-fsum = _fsum_shared if SIM else _fsum_shfl
+# two <= 32), returned to every lane of the group; fsum: the same for float32 (scratch of the
+# matching type).
+isum = fsum = _sum_shared if SIM else _sum_shfl

@@ -16,9 +16,8 @@ from edged.backends.cuda.act_quant import quantize_activations
 from edged.backends.cuda.dequant import DECODERS
 from edged.backends.cuda.launch import blocks_for
 from edged.backends.cuda.matmul_float import bf16_value, f16_value, f32_value, make_float_kernels
-from edged.backends.cuda.matmul_int import (
-    MV_MAX_N, MV_THREADS, MV_WARPS, TILE_ROWS, TILE_THREADS, TILE_TOKENS, make_int_kernels,
-)
+from edged.backends.cuda.matmul_int import make_int_kernels
+from edged.backends.cuda.matmul_layout import MV_MAX_N, MV_THREADS, MV_WARPS, TILE_ROWS, TILE_THREADS, TILE_TOKENS
 from edged.backends.cuda.memory import DeviceMatrix, as_device
 from edged.quant.types import TYPE_TRAITS, traits
 

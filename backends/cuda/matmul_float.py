@@ -1,23 +1,23 @@
 """Matmul kernels for float weights (F32, F16, BF16) with float32 activations and accumulation.
 
 The weight rows arrive as a typed view of the raw bytes (float32 [m, k] or the uint16 bit
-patterns [m, k]); `value(w, r, j)` widens one element exactly. Same two shapes as matmul_int:
-a warp per row with lanes striding the row (coalesced) for n <= MV_MAX_N, and shared-memory tiles
-of TILE_ROWS rows × TILE_TOKENS tokens over 32-element stages for larger n.
+patterns [m, k]); `value(w, r, j)` widens one element exactly. Same two shapes as matmul_int
+(matmul_layout.py): a warp per row with lanes striding the row (coalesced) for n <= MV_MAX_N, and
+shared-memory tiles of TILE_ROWS rows × TILE_TOKENS tokens over 32-element stages for larger n.
 """
 
 from numba import cuda, float32, int32
 
 from edged.backends.cuda.dequant import bf16_from_bits, f16_from_bits
-from edged.backends.cuda.launch import fsum
-from edged.backends.cuda.matmul_int import MV_MAX_N, MV_THREADS, MV_WARPS, TILE_ROWS, TILE_THREADS, TILE_TOKENS
+from edged.backends.cuda.matmul_layout import (
+    MV_MAX_N, MV_THREADS, MV_WARPS, OUT_PER_THREAD, TILE_ROWS, TILE_THREADS, TILE_TOKENS, TOK_STEP,
+    store_matvec, store_tile,
+)
 
 _KC = 32  # elements per tiled stage
 _KCP = _KC + 1  # padded row stride: a warp's 16 rows fall in different banks
 _W_PER = TILE_ROWS * _KC // TILE_THREADS
 _X_PER = TILE_TOKENS * _KC // TILE_THREADS
-_OUT_PER = TILE_ROWS * TILE_TOKENS // TILE_THREADS
-_TOK_STEP = TILE_THREADS // TILE_ROWS
 
 
 @cuda.jit(device=True, inline=True)
@@ -54,23 +54,20 @@ def make_float_kernels(value):
             v = value(w, rr, j)
             for t in range(n):
                 acc[t] += v * x[t, j]
-        for t in range(n):
-            s = fsum(acc[t], 32, fscr, tid)
-            if lane == 0 and r < m:
-                y[t, r] = s
+        store_matvec(y, acc, n, r, m, fscr, tid)
 
     @cuda.jit
     def tiled(w, x, y):
         sw = cuda.shared.array((TILE_ROWS, _KCP), float32)
         sx = cuda.shared.array((TILE_TOKENS, _KCP), float32)
-        acc = cuda.local.array(_OUT_PER, float32)
+        acc = cuda.local.array(OUT_PER_THREAD, float32)
         tid = cuda.threadIdx.x
         m, k = w.shape
         n = x.shape[0]
         r0 = cuda.blockIdx.x * TILE_ROWS
         t0 = cuda.blockIdx.y * TILE_TOKENS
         row = tid % TILE_ROWS
-        for q in range(_OUT_PER):
+        for q in range(OUT_PER_THREAD):
             acc[q] = float32(0.0)
         for k0 in range(0, k, _KC):
             for q in range(_W_PER):
@@ -87,12 +84,9 @@ def make_float_kernels(value):
             cuda.syncthreads()
             for j in range(_KC):  # each weight serves the thread's tokens
                 wv = sw[row, j]
-                for q in range(_OUT_PER):
-                    acc[q] += wv * sx[tid // TILE_ROWS + _TOK_STEP * q, j]
+                for q in range(OUT_PER_THREAD):
+                    acc[q] += wv * sx[tid // TILE_ROWS + TOK_STEP * q, j]
             cuda.syncthreads()
-        for q in range(_OUT_PER):
-            t = t0 + tid // TILE_ROWS + _TOK_STEP * q
-            if t < n and r0 + row < m:
-                y[t, r0 + row] = acc[q]
+        store_tile(y, acc, t0, r0, tid)
 
     return matvec, tiled

@@ -11,9 +11,9 @@ exact int32 and turns into float with the CPU kernel's per-block formula for the
 
 Only the order in which block terms are summed differs from the CPU.
 
-mat-vec (n <= MV_MAX_N): one warp per output row; 8 lanes share a 32-block (4 consecutive
-weights each, so a warp reads 4 blocks' bytes together), decode them once into registers and dot
-them with every token; the lanes' int32 partial dots are summed exactly within the block (or
+Thread layouts are in matmul_layout.py. mat-vec (n <= MV_MAX_N): one warp per output row; 8 lanes
+share a 32-block (4 consecutive weights each, so a warp reads 4 blocks' bytes together), decode
+them once into registers and dot them with every token; the lanes' int32 partial dots are summed exactly within the block (or
 half-block) by shuffles, the float terms per token across the warp.
 tiled (n > MV_MAX_N): a thread block per TILE_ROWS rows × TILE_TOKENS tokens; each stage of
 STAGE_BLOCKS 32-blocks is decoded once into shared memory (weights u8, activations i8, scales) and
@@ -23,18 +23,13 @@ used by every (row, token) of the tile.
 from numba import cuda, float32, int32, int8, uint8
 
 from edged.backends.cuda.dequant import K16, LEGACY
-from edged.backends.cuda.launch import fsum, isum
+from edged.backends.cuda.launch import isum
+from edged.backends.cuda.matmul_layout import (
+    MV_MAX_N, MV_THREADS, MV_WARPS, OUT_PER_THREAD, TILE_ROWS, TILE_THREADS, TILE_TOKENS, TOK_STEP,
+    store_matvec, store_tile,
+)
 
-MV_MAX_N = 8  # tokens at or below which the mat-vec kernel runs
-MV_WARPS = 4  # rows (warps) per mat-vec thread block
-MV_THREADS = 32 * MV_WARPS
-
-TILE_ROWS = 16
-TILE_TOKENS = 32
-TILE_THREADS = 128
 STAGE_BLOCKS = 4  # 32-blocks decoded into shared memory per stage
-_OUT_PER_THREAD = TILE_ROWS * TILE_TOKENS // TILE_THREADS  # 4
-_TOK_STEP = TILE_THREADS // TILE_ROWS  # 8
 _W_GROUPS = TILE_ROWS * 8 * STAGE_BLOCKS // TILE_THREADS  # 4-byte weight groups per thread per stage
 _X_GROUPS = TILE_TOKENS * 8 * STAGE_BLOCKS // TILE_THREADS  # 4-byte activation groups per thread per stage
 _SE = 32 * STAGE_BLOCKS  # elements per stage
@@ -42,10 +37,33 @@ _SEP = _SE + 4  # padded row stride: rows of a warp's reads fall in different ba
 _SH = 2 * STAGE_BLOCKS  # half-blocks per stage (shared-array shapes need plain constants)
 
 
+@cuda.jit(device=True, inline=True)
+def _legacy_term(S, X, dx, s, c):
+    """A LEGACY block's float term from its int32 dot S and activation sum X: dx (s S + c X)."""
+    return dx * (s * float32(S) + c * float32(X))
+
+
+@cuda.jit(device=True, inline=True)
+def _kquant_term(S, X, dx, s, c):
+    """A K32 block's (or one K16 half-block's) float term: S (dx s) + c (dx X)."""
+    return float32(S) * (dx * s) + c * (dx * float32(X))
+
+
+@cuda.jit(device=True, inline=True)
+def _k16_term(lo, hi, X0, X1, dx, s0, s1, c0, c1):
+    """A K16 block's float term from its two halves, summed in the CPU kernel's order."""
+    return (float32(lo) * (dx * s0) + float32(hi) * (dx * s1)) + (c0 * (dx * float32(X0)) + c1 * (dx * float32(X1)))
+
+
 def make_int_kernels(load4, scales, family):
     """(matvec, tiled) kernels for one block type, both f(w uint8 [m, rb], xq int8 [n, k],
     xd float32 [n, k/32], xs int32 [n, k/32], y float32 [n, m]); `family` is a compile-time constant."""
+    return _make_matvec(load4, scales, family), _make_tiled(load4, scales, family)
+
+
+def _make_matvec(load4, scales, family):
     gw = 4 if family == K16 else 8  # lanes per exact int32 group: a half-block or a block
+    term = _legacy_term if family == LEGACY else _kquant_term
 
     @cuda.jit
     def matvec(w, xq, xd, xs, y):
@@ -75,21 +93,105 @@ def make_int_kernels(load4, scales, family):
                 x2 = int32(xq[t, xo + 2])
                 x3 = int32(xq[t, xo + 3])
                 S = isum(int32(u0 * x0 + u1 * x1 + u2 * x2 + u3 * x3), gw, iscr, tid)
-                dx = xd[t, bb]
-                if family == K16:
+                if family == K16:  # per half-block: its activation sum, added by its first lane
                     X = isum(int32(x0 + x1 + x2 + x3), gw, iscr, tid)
-                    if live and g % 4 == 0:
-                        acc[t] += float32(S) * (dx * s) + c * (dx * float32(X))
-                elif family == LEGACY:
-                    if live and g == 0:
-                        acc[t] += dx * (s * float32(S) + c * float32(xs[t, bb]))
+                    first = g % 4 == 0
                 else:
-                    if live and g == 0:
-                        acc[t] += float32(S) * (dx * s) + c * (dx * float32(xs[t, bb]))
-        for t in range(n):
-            v = fsum(acc[t], 32, fscr, tid)
-            if lane == 0 and r < m:
-                y[t, r] = v
+                    X = xs[t, bb]
+                    first = g == 0
+                if live and first:
+                    acc[t] += term(S, X, xd[t, bb], s, c)
+        store_matvec(y, acc, n, r, m, fscr, tid)
+
+    return matvec
+
+
+def _make_weight_stage(load4, scales):
+    @cuda.jit(device=True, inline=True)
+    def weight_stage(w, st, nblk, r0, tid, su, ss, sc):
+        """Decode blocks st .. st + STAGE_BLOCKS - 1 of rows r0 .. into shared memory: su [row,
+        element] unsigned weights, ss / sc [row, 2 * block + half] scales and biases (zero past the
+        row's end). Each thread decodes _W_GROUPS (row, block, 4-element group)s."""
+        m = w.shape[0]
+        for q in range(_W_GROUPS):
+            e = tid + TILE_THREADS * q
+            i = e // (8 * STAGE_BLOCKS)
+            jb = (e // 8) % STAGE_BLOCKS
+            g = e % 8
+            b = st + jb
+            rr = min(r0 + i, m - 1)
+            if b < nblk:
+                u0, u1, u2, u3 = load4(w, rr, b, g)
+                if g < 2:
+                    s, c = scales(w, rr, b, g)
+                    ss[i, 2 * jb + g] = s
+                    sc[i, 2 * jb + g] = c
+            else:
+                u0 = u1 = u2 = u3 = 0
+                if g < 2:
+                    ss[i, 2 * jb + g] = float32(0.0)
+                    sc[i, 2 * jb + g] = float32(0.0)
+            o = 32 * jb + 4 * g
+            su[i, o] = u0
+            su[i, o + 1] = u1
+            su[i, o + 2] = u2
+            su[i, o + 3] = u3
+
+    return weight_stage
+
+
+@cuda.jit(device=True, inline=True)
+def _activation_stage(xq, xd, st, nblk, t0, tid, sx, sxd):
+    """Copy the stage's int8 activations of tokens t0 .. to sx [token, element] and their block
+    scales to sxd [token, block] (rows past the last token repeat it; their outputs are dropped)."""
+    n = xq.shape[0]
+    for q in range(_X_GROUPS):
+        e = tid + TILE_THREADS * q
+        tt = e // (8 * STAGE_BLOCKS)
+        jb = (e // 8) % STAGE_BLOCKS
+        g = e % 8
+        b = min(st + jb, nblk - 1)
+        tok = min(t0 + tt, n - 1)
+        o = 32 * jb + 4 * g
+        for z in range(4):
+            sx[tt, o + z] = xq[tok, 32 * b + 4 * g + z]
+        if g == 0:
+            sxd[tt, jb] = xd[tok, b]
+
+
+@cuda.jit(device=True, inline=True)
+def _half_block_sums(sx, sxs, tid):
+    """sxs [token, half-block] = sums of the stage's 16-element halves of activations."""
+    for e in range(tid, TILE_TOKENS * 2 * STAGE_BLOCKS, TILE_THREADS):
+        tt = e // (2 * STAGE_BLOCKS)
+        hb = e % (2 * STAGE_BLOCKS)
+        X = int32(0)
+        for z in range(16):
+            X += int32(sx[tt, 16 * hb + z])
+        sxs[tt, hb] = X
+
+
+@cuda.jit(device=True, inline=True)
+def _block_dots(su, sx, jb, tid, lo, hi):
+    """lo / hi[q] = int32 dots of elements 0-15 / 16-31 of the stage's block jb, between this
+    thread's row and its q-th token; each weight byte serves all OUT_PER_THREAD tokens."""
+    row = tid % TILE_ROWS
+    o = 32 * jb
+    for q in range(OUT_PER_THREAD):
+        lo[q] = int32(0)
+        hi[q] = int32(0)
+    for z in range(16):
+        wl = int32(su[row, o + z])
+        wh = int32(su[row, o + 16 + z])
+        for q in range(OUT_PER_THREAD):
+            tt = tid // TILE_ROWS + TOK_STEP * q
+            lo[q] += wl * int32(sx[tt, o + z])
+            hi[q] += wh * int32(sx[tt, o + 16 + z])
+
+
+def _make_tiled(load4, scales, family):
+    weight_stage = _make_weight_stage(load4, scales)
+    term = _legacy_term if family == LEGACY else _kquant_term
 
     @cuda.jit
     def tiled(w, xq, xd, xs, y):
@@ -99,95 +201,38 @@ def make_int_kernels(load4, scales, family):
         sx = cuda.shared.array((TILE_TOKENS, _SEP), int8)  # activations of the stage
         sxd = cuda.shared.array((TILE_TOKENS, STAGE_BLOCKS), float32)
         sxs = cuda.shared.array((TILE_TOKENS, _SH), int32)  # activation sums per half-block
-        acc = cuda.local.array(_OUT_PER_THREAD, float32)
-        lo = cuda.local.array(_OUT_PER_THREAD, int32)  # int32 dots of elements 0-15 / 16-31 of a block
-        hi = cuda.local.array(_OUT_PER_THREAD, int32)
+        acc = cuda.local.array(OUT_PER_THREAD, float32)
+        lo = cuda.local.array(OUT_PER_THREAD, int32)  # int32 dots of elements 0-15 / 16-31 of a block
+        hi = cuda.local.array(OUT_PER_THREAD, int32)
         tid = cuda.threadIdx.x
-        m = w.shape[0]
-        n = xq.shape[0]
         nblk = xq.shape[1] // 32
         r0 = cuda.blockIdx.x * TILE_ROWS
         t0 = cuda.blockIdx.y * TILE_TOKENS
-        row = tid % TILE_ROWS  # this thread's outputs: row, tokens tid // TILE_ROWS + 8q
-        for q in range(_OUT_PER_THREAD):
+        row = tid % TILE_ROWS  # this thread's outputs: row, tokens tid // TILE_ROWS + TOK_STEP q
+        for q in range(OUT_PER_THREAD):
             acc[q] = float32(0.0)
         for st in range(0, nblk, STAGE_BLOCKS):
-            for q in range(_W_GROUPS):  # decode: (row, block of the stage, group)
-                e = tid + TILE_THREADS * q
-                i = e // (8 * STAGE_BLOCKS)
-                jb = (e // 8) % STAGE_BLOCKS
-                g = e % 8
-                b = st + jb
-                rr = min(r0 + i, m - 1)
-                if b < nblk:
-                    u0, u1, u2, u3 = load4(w, rr, b, g)
-                    if g < 2:
-                        s, c = scales(w, rr, b, g)
-                        ss[i, 2 * jb + g] = s
-                        sc[i, 2 * jb + g] = c
-                else:  # past the row's end: zero weights
-                    u0 = u1 = u2 = u3 = 0
-                    if g < 2:
-                        ss[i, 2 * jb + g] = float32(0.0)
-                        sc[i, 2 * jb + g] = float32(0.0)
-                o = 32 * jb + 4 * g
-                su[i, o] = u0
-                su[i, o + 1] = u1
-                su[i, o + 2] = u2
-                su[i, o + 3] = u3
-            for q in range(_X_GROUPS):  # activations: (token, block of the stage, group)
-                e = tid + TILE_THREADS * q
-                tt = e // (8 * STAGE_BLOCKS)
-                jb = (e // 8) % STAGE_BLOCKS
-                g = e % 8
-                b = min(st + jb, nblk - 1)
-                tok = min(t0 + tt, n - 1)
-                o = 32 * jb + 4 * g
-                for z in range(4):
-                    sx[tt, o + z] = xq[tok, 32 * b + 4 * g + z]
-                if g == 0:
-                    sxd[tt, jb] = xd[tok, b]
+            weight_stage(w, st, nblk, r0, tid, su, ss, sc)
+            _activation_stage(xq, xd, st, nblk, t0, tid, sx, sxd)
             cuda.syncthreads()
-            for e in range(tid, TILE_TOKENS * 2 * STAGE_BLOCKS, TILE_THREADS):  # half-block sums
-                tt = e // (2 * STAGE_BLOCKS)
-                hb = e % (2 * STAGE_BLOCKS)
-                X = int32(0)
-                for z in range(16):
-                    X += int32(sx[tt, 16 * hb + z])
-                sxs[tt, hb] = X
+            _half_block_sums(sx, sxs, tid)
             cuda.syncthreads()
             for jb in range(STAGE_BLOCKS):
-                o = 32 * jb
-                for q in range(_OUT_PER_THREAD):
-                    lo[q] = int32(0)
-                    hi[q] = int32(0)
-                for z in range(16):  # each weight byte serves the thread's 4 tokens
-                    wl = int32(su[row, o + z])
-                    wh = int32(su[row, o + 16 + z])
-                    for q in range(_OUT_PER_THREAD):
-                        tt = tid // TILE_ROWS + _TOK_STEP * q
-                        lo[q] += wl * int32(sx[tt, o + z])
-                        hi[q] += wh * int32(sx[tt, o + 16 + z])
+                _block_dots(su, sx, jb, tid, lo, hi)
                 s0 = ss[row, 2 * jb]
                 s1 = ss[row, 2 * jb + 1]
                 c0 = sc[row, 2 * jb]
                 c1 = sc[row, 2 * jb + 1]
-                for q in range(_OUT_PER_THREAD):
-                    tt = tid // TILE_ROWS + _TOK_STEP * q
+                for q in range(OUT_PER_THREAD):
+                    tt = tid // TILE_ROWS + TOK_STEP * q
                     dx = sxd[tt, jb]
                     X0 = sxs[tt, 2 * jb]
                     X1 = sxs[tt, 2 * jb + 1]
                     if family == K16:
-                        acc[q] += ((float32(lo[q]) * (dx * s0) + float32(hi[q]) * (dx * s1))
-                                   + (c0 * (dx * float32(X0)) + c1 * (dx * float32(X1))))
-                    elif family == LEGACY:
-                        acc[q] += dx * (s0 * float32(lo[q] + hi[q]) + c0 * float32(X0 + X1))
+                        acc[q] += _k16_term(lo[q], hi[q], X0, X1, dx, s0, s1, c0, c1)
                     else:
-                        acc[q] += float32(lo[q] + hi[q]) * (dx * s0) + c0 * (dx * float32(X0 + X1))
+                        acc[q] += term(lo[q] + hi[q], X0 + X1, dx, s0, c0)
             cuda.syncthreads()
-        for q in range(_OUT_PER_THREAD):
-            t = t0 + tid // TILE_ROWS + _TOK_STEP * q
-            if t < n and r0 + row < m:
-                y[t, r0 + row] = acc[q]
+        store_tile(y, acc, t0, r0, tid)
 
-    return matvec, tiled
+    return tiled
