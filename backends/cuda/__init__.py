@@ -6,7 +6,8 @@ store_kv, prepare_batch, attention, device_memory). This package file imports no
 module beside it can be imported without pulling in numba.cuda.
 
 Kernel modules (one concern each): launch (launch configs, reductions), memory (uploads, DeviceMatrix),
-dequant (per-type device decoders), act_quant, matmul, embed, norm_rope, activations, attention.
+dequant (per-type device decoders), act_quant, matmul (dispatch), matmul_int / matmul_float (kernels),
+matmul_layout (their thread layouts and output stores), embed, norm_rope, activations, attention.
 Tests run under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at tiny sizes; tests/gpu repeats them at
 real sizes on a device.
 """

@@ -129,6 +129,84 @@ def prepare_batch(batch: Batch) -> Batch:
     return dataclasses.replace(batch, **up)
 
 
+@cuda.jit(device=True, inline=True)
+def _key_range(seq_starts, positions, t, window, c, chunk):
+    """(sequence owning token t, first key, end key) of chunk c of t's visible keys [lo, p]."""
+    s = 0  # the last sequence starting at or before t
+    for z in range(1, seq_starts.shape[0] - 1):
+        if seq_starts[z] <= t:
+            s = z
+    p = positions[t]
+    lo = 0
+    if window > 0 and p - window + 1 > 0:
+        lo = p - window + 1
+    k0 = lo + c * chunk
+    return s, k0, min(k0 + chunk, p + 1)
+
+
+@cuda.jit(device=True, inline=True)
+def _score_tile(kc, block_tables, s, kh, j, k1, sq, g, scale, cap, ssc, sblk, tid):
+    """This thread's key j of the tile: ssc[:, tid] = capped scores for the g heads and sblk[tid]
+    its cache block; -inf past k1 and NaN for a bad block-table entry (never read outside the cache)."""
+    n_blocks, bs, _, hd = kc.shape
+    if j >= k1:
+        sblk[tid] = 0
+        for hh in range(g):
+            ssc[hh, tid] = -math.inf
+        return
+    bi = j // bs
+    blk = block_tables[s, bi] if bi < block_tables.shape[1] else -1
+    if blk < 0 or blk >= n_blocks:
+        sblk[tid] = 0
+        for hh in range(g):
+            ssc[hh, tid] = float32(math.nan)
+        return
+    o = j % bs
+    sblk[tid] = blk
+    for hh in range(g):
+        d = float32(0.0)
+        for z in range(hd):
+            d += sq[hh * hd + z] * kc[blk, o, kh, z]
+        v = d * scale
+        if cap > float32(0.0):
+            v = cap * float32(math.tanh(v / cap))
+        ssc[hh, tid] = v
+
+
+@cuda.jit(device=True, inline=True)
+def _online_softmax(ssc, sm, sl, sal, h, nt):
+    """Head h: fold the tile's scores into the running max sm / sum sl, leave the rescale factor of
+    the earlier keys in sal and the tile's probabilities (relative to the new max) in ssc."""
+    mt = sm[h]
+    for z in range(nt):
+        mt = max(mt, ssc[h, z])
+    alpha = float32(math.exp(sm[h] - mt))
+    total = sl[h] * alpha
+    for z in range(nt):
+        e = float32(math.exp(ssc[h, z] - mt))
+        ssc[h, z] = e
+        total += e
+    sm[h] = mt
+    sl[h] = total
+    sal[h] = alpha
+
+
+@cuda.jit(device=True, inline=True)
+def _weigh_tile(acc, vc, kh, j0, nk, ssc, sal, sblk, gh, tid, nt):
+    """Rescale this thread's accumulators (head, feature) = tid + z·nt and add the tile's nk
+    probability-weighted V rows (threads of a warp read consecutive features: coalesced)."""
+    bs, hd = vc.shape[1], vc.shape[3]
+    for z in range(ACC_MAX):
+        e = tid + z * nt
+        if e < gh:
+            hh = e // hd
+            dd = e % hd
+            a = acc[z] * sal[hh]
+            for kk in range(nk):
+                a += ssc[hh, kk] * vc[sblk[kk], (j0 + kk) % bs, kh, dd]
+            acc[z] = a
+
+
 @cuda.jit
 def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, chunk, out,
                part_m, part_l, part_acc):
@@ -148,23 +226,11 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
     n_chunks = cuda.gridDim.z
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    n_heads = q.shape[1]
     hd = q.shape[2]
-    n_blocks, bs, kvh, _ = kc.shape
-    max_blocks = block_tables.shape[1]
-    g = n_heads // kvh
+    g = q.shape[1] // kc.shape[2]
     h0 = kh * g
     gh = g * hd
-    s = 0  # the sequence owning token t: the last one starting at or before t
-    for z in range(1, seq_starts.shape[0] - 1):
-        if seq_starts[z] <= t:
-            s = z
-    p = positions[t]
-    lo = 0
-    if window > 0 and p - window + 1 > 0:
-        lo = p - window + 1
-    k0 = lo + c * chunk  # this block's keys: k0 .. k1 - 1
-    k1 = min(k0 + chunk, p + 1)
+    s, k0, k1 = _key_range(seq_starts, positions, t, window, c, chunk)  # this block's keys k0 .. k1 - 1
     if k0 >= k1:  # the token has fewer chunks: an empty part (uniform across the block)
         if tid < g:
             part_m[t, h0 + tid, c] = -math.inf
@@ -179,54 +245,12 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
         acc[z] = float32(0.0)
     cuda.syncthreads()
     for j0 in range(k0, k1, nt):
-        j = j0 + tid
-        if j < k1:  # scores of this thread's key for all g heads
-            bi = j // bs
-            blk = block_tables[s, bi] if bi < max_blocks else -1
-            if 0 <= blk < n_blocks:
-                o = j % bs
-                sblk[tid] = blk
-                for hh in range(g):
-                    d = float32(0.0)
-                    for z in range(hd):
-                        d += sq[hh * hd + z] * kc[blk, o, kh, z]
-                    v = d * scale
-                    if cap > float32(0.0):
-                        v = cap * float32(math.tanh(v / cap))
-                    ssc[hh, tid] = v
-            else:  # bad block table: NaN outputs rather than reading outside the cache
-                sblk[tid] = 0
-                for hh in range(g):
-                    ssc[hh, tid] = float32(math.nan)
-        else:
-            sblk[tid] = 0
-            for hh in range(g):
-                ssc[hh, tid] = -math.inf
+        _score_tile(kc, block_tables, s, kh, j0 + tid, k1, sq, g, scale, cap, ssc, sblk, tid)
         cuda.syncthreads()
-        if tid < g:  # online softmax: new running max, rescale factor, probabilities, sum
-            mt = sm[tid]
-            for z in range(nt):
-                mt = max(mt, ssc[tid, z])
-            alpha = float32(math.exp(sm[tid] - mt))
-            total = sl[tid] * alpha
-            for z in range(nt):
-                e = float32(math.exp(ssc[tid, z] - mt))
-                ssc[tid, z] = e
-                total += e
-            sm[tid] = mt
-            sl[tid] = total
-            sal[tid] = alpha
+        if tid < g:
+            _online_softmax(ssc, sm, sl, sal, tid, nt)
         cuda.syncthreads()
-        nk = min(nt, k1 - j0)
-        for z in range(ACC_MAX):  # accumulators: thread owns (head, feature) pairs tid + z·nt
-            e = tid + z * nt
-            if e < gh:
-                hh = e // hd
-                dd = e % hd
-                a = acc[z] * sal[hh]
-                for kk in range(nk):
-                    a += ssc[hh, kk] * vc[sblk[kk], (j0 + kk) % bs, kh, dd]
-                acc[z] = a
+        _weigh_tile(acc, vc, kh, j0, min(nt, k1 - j0), ssc, sal, sblk, gh, tid, nt)
         cuda.syncthreads()
     for z in range(ACC_MAX):
         e = tid + z * nt
