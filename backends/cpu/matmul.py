@@ -9,6 +9,7 @@ Public API
     check_supported(qtype) -> None        raises ValueError naming the type if no kernel exists
     supported_types() -> tuple            types with kernels, in TYPE_TRAITS order
     kernels_for(qtype) -> (gemv, gemm)     the two Numba kernels of a type (for inspect_asm, benches)
+    gemv_max_n(qtype) -> int               the largest n that matmul hands to the type's gemv
 
 Kernel-module contract
     Each kernel module (matmul_float.py, matmul_legacy.py, matmul_kquants.py) exports
@@ -16,8 +17,9 @@ Kernel-module contract
       act_format "q8_32":  f(w_rows uint8 [m, row_bytes], xq int8 [n, k], xd float32 [n, k/32],
                              xs int32 [n, k/32], y float32 [n, m]) -> None   (writes every y[t, r])
       act_format "f32":    f(w_rows uint8 [m, row_bytes], x float32 [n, k], y float32 [n, m]) -> None
-    All arrays are C-contiguous. gemv is called for n <= GEMV_MAX_N (decode), gemm (weight blocks
-    read once per tile of tokens) for larger n. Kernels may assume valid shapes: this module checks.
+    All arrays are C-contiguous. gemv is called for n <= the module's GEMV_MAX_N (this module's
+    GEMV_MAX_N where it has none), gemm (weight blocks read once per tile of tokens) for larger n;
+    both accept any n. Kernels may assume valid shapes: this module checks.
 """
 
 import numpy as np
@@ -28,22 +30,25 @@ from edged.quant.types import TYPE_TRAITS, traits
 
 from edged.backends.cpu import matmul_float, matmul_kquants, matmul_legacy
 
-# n at or below which gemv is used: it reads each row once for all n tokens but costs a full
-# block dot per token, while gemm pays a 16-token tile whatever n is; measured crossover n = 4.
+# n at or below which gemv is used unless the kernel module sets its own: gemv reads each row once
+# for all n tokens but costs a full block dot per token, while gemm pays a 16-token tile whatever
+# n is; measured crossover n = 4 (the legacy types' gemv stays ahead up to 24).
 GEMV_MAX_N = 4
 
 
 def _merge_tables():
-    table = {}
+    """qtype -> (gemv, gemm), and qtype -> the module's gemv threshold."""
+    table, max_n = {}, {}
     for mod in (matmul_float, matmul_legacy, matmul_kquants):
         for qtype, pair in mod.KERNELS.items():
             if qtype in table:
                 raise RuntimeError(f"two kernel modules claim {qtype.name}")
             table[qtype] = pair
-    return table
+            max_n[qtype] = getattr(mod, "GEMV_MAX_N", GEMV_MAX_N)
+    return table, max_n
 
 
-_KERNELS = _merge_tables()
+_KERNELS, _GEMV_MAX_N = _merge_tables()
 
 
 def supported_types() -> tuple:
@@ -65,10 +70,16 @@ def kernels_for(qtype):
     return _KERNELS[traits(qtype).qtype]
 
 
-# qtype -> (gemv, gemm, takes q8_32 activations): one dict lookup per call instead of enum
-# conversions and trait lookups (~3 us of Python per call, ~10% of a small decode matmul)
+def gemv_max_n(qtype) -> int:
+    """The largest batch that matmul runs through `qtype`'s gemv (ValueError if unsupported)."""
+    check_supported(qtype)
+    return _GEMV_MAX_N[traits(qtype).qtype]
+
+
+# qtype -> (gemv, gemm, takes q8_32 activations, gemv's largest n): one dict lookup per call
+# instead of enum conversions and trait lookups (~3 us of Python per call, ~10% of a small decode matmul)
 _DISPATCH = {
-    qtype: (*pair, traits(qtype).act_format == "q8_32") for qtype, pair in _KERNELS.items()
+    qtype: (*pair, traits(qtype).act_format == "q8_32", _GEMV_MAX_N[qtype]) for qtype, pair in _KERNELS.items()
 }
 
 
@@ -85,7 +96,7 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
     plan = _DISPATCH.get(w.qtype)
     if plan is None:
         check_supported(w.qtype)  # raises, naming the type
-    gemv, gemm, q8 = plan
+    gemv, gemm, q8, max_n = plan
     m, k = w.shape
     if type(x) is not np.ndarray:
         x = np.asarray(x)
@@ -101,7 +112,7 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
     if n == 0:
         return out
     rows = w.rows()  # uint8 [m, row_bytes]
-    kern = gemv if n <= GEMV_MAX_N else gemm
+    kern = gemv if n <= max_n else gemm
     if q8:
         if qx is None:
             qx = quantize_activations(x)

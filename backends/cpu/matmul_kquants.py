@@ -7,17 +7,18 @@ Weights become unsigned bytes u with per-32 (or per-16) float scales s and biase
 w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
-- gemv (n <= GEMV_MAX_N): kquant_simd.rows_dot per pair of rows and group of up to 4 tokens:
-  each superblock is unpacked once in registers for all the group's tokens (n = 2 / 4 cost ~1.4x /
-  ~2x n = 1 on Q4_K, not 2x / 4x).
-- gemm (larger n): rows decoded once by kquant_simd into (u, s, c), then kquant_simd.tile_dot per
-  4 rows × 16-token tile (8-token tiles when a pass has at most 8 tokens).
-Both are one compiled kernel for every type (a run-time `kind` picks the unpacker), wrapped per
-type by TypedKernel. Q4_K / Q6_K carry the default model's layers.
+- gemv (n <= matmul.GEMV_MAX_N): kquant_gemv.rows_dot per pair of rows and group of up to 4
+  tokens: each superblock is unpacked once in registers for all the group's tokens (n = 2 / 4
+  cost ~1.4x / ~2x n = 1 on Q4_K, not 2x / 4x).
+- gemm (larger n): rows decoded once by kquant_decode.decode_row into (u, s, c), then
+  kquant_gemm_tile.tile_dot per 4 rows × 16-token tile (8-token tiles when a pass has at most 8
+  tokens).
+Both are one compiled kernel for every type (a run-time `kind` switches between the compiled
+type bodies), bound per type by typed_kernel.bind. Q4_K / Q6_K carry the default model's layers.
 Every type's gemv and gemm compute the same float operations in the same order per (row, token)
-(see kquant_simd), so a token's output never depends on its batch (batch invariance).
+(see kquant_gemm_tile), so a token's output never depends on its batch (batch invariance).
 The activation format is the contract's q8_32 (per-32 scales); a per-256 (Q8_K) format would
-change _block_sums / _half_terms / _prepare_tiles and the block terms in kquant_simd.
+change _block_sums / _half_terms / _prepare_tiles and the block terms of the gemv and the tile.
 """
 
 import numba as nb
@@ -25,11 +26,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kquant_simd import (
-    GEMV_TOKENS, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, TILE_ROWS, TOKENS,
-    iq4xs_decode_row, q2k_decode_row, q3k_decode_row, q4k_decode_row, q5k_decode_row, q6k_decode_row,
-    interleave_blocks, rows_dot, tile_dot,
-)
+from edged.backends.cpu.kquant_decode import decode_row
+from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
+from edged.backends.cpu.kquant_unpack import KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K
+from edged.backends.cpu.typed_kernel import bind
 
 QK_K = 256  # elements per superblock
 GEMV_ROWS = 16  # rows per prange task in the gemv kernels
@@ -39,10 +40,6 @@ GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied toge
 _GEMM_TASKS = 16
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
-
-# type kinds (run-time branches in one compiled gemv and one compiled gemm)
-_KIND_Q4K, _KIND_Q6K, _KIND_IQ4XS, _KIND_Q5K = KIND_Q4K, KIND_Q6K, KIND_IQ4XS, KIND_Q5K
-_KIND_Q3K, _KIND_Q2K = KIND_Q3K, KIND_Q2K
 
 
 # ------------------------------------------------------------------------------- gemv
@@ -209,18 +206,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
             s[nr * ns :] = 0.0
             c[nr * nc :] = 0.0
             for i in range(nr):
-                if kind == KIND_Q4K:
-                    q4k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == KIND_Q5K:
-                    q5k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == KIND_Q6K:
-                    q6k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == KIND_Q3K:
-                    q3k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                elif kind == KIND_Q2K:
-                    q2k_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
-                else:
-                    iq4xs_decode_row(w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
+                decode_row(kind, w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
             for tile in range(ntile):
                 live = min(tw, n_live - tile * tw)
                 xdo = tile * nblk * tw
@@ -255,40 +241,10 @@ def _gemm(kind, w, xq, xd, xs, y):
 @nb.njit(cache=True, nogil=True)
 def gemm_kquant(w, xq, xd, xs, y, kind):
     """y[n, m] = x @ W.T tiled over 16 (or 8) tokens, for every type: `kind` (KIND_*) picks the
-    row decoder. One compiled kernel for all types: Numba re-optimizes a callee into each caller,
-    so per-type njit wrappers would cost ~10 s of compile each."""
+    row decoder. One compiled kernel for all types (see typed_kernel)."""
     _gemm(kind, w, xq, xd, xs, y)
 
 
-class TypedKernel:
-    """A shared kernel bound to one type, with the contract's signature f(w_rows, xq, xd, xs, y):
-    calls kernel(w_rows, xq, xd, xs, y, *extra). `inspect_asm` and `signatures` are the shared
-    dispatcher's, for VNNI checks and benches."""
-
-    def __init__(self, name: str, kernel, *extra):
-        self.__name__ = name
-        self.kernel = kernel
-        self.extra = extra
-
-    def __call__(self, w, xq, xd, xs, y) -> None:
-        self.kernel(w, xq, xd, xs, y, *self.extra)
-
-    @property
-    def signatures(self):
-        return self.kernel.signatures
-
-    def inspect_asm(self, signature=None):
-        return self.kernel.inspect_asm(signature if signature is not None else self.kernel.signatures[0])
-
-    def __repr__(self) -> str:
-        return f"<TypedKernel {self.__name__}>"
-
-
-def _pair(qtype, kind: int):
-    name = qtype.name.lower()
-    return TypedKernel(f"gemv_{name}", gemv_kquant, kind), TypedKernel(f"gemm_{name}", gemm_kquant, kind)
-
-
-KERNELS = {qtype: _pair(qtype, kind) for qtype, kind in (
+KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind), bind("gemm", qtype, gemm_kquant, kind)) for qtype, kind in (
     (T.Q2_K, KIND_Q2K), (T.Q3_K, KIND_Q3K), (T.Q4_K, KIND_Q4K), (T.Q5_K, KIND_Q5K), (T.Q6_K, KIND_Q6K),
     (T.IQ4_XS, KIND_IQ4XS))}

@@ -8,20 +8,20 @@ Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c
 (c = -offset·d for the symmetric types and IQ4_NL, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
 int32 accumulation — the pattern LLVM lowers to vpdpbusd.
 
-gemv (n small): per row, simd.rows_dot8 decodes each group of 8 raw blocks once for every token,
-transposes it in registers and sums 8 whole blocks per vpdpbusd lane against activations repacked
-once per call (simd.repack_groups8; a last group of <= 4 blocks, e.g. k = 640, packs two tokens
-into each vector, so it costs half a group per token).
+gemv (n <= GEMV_MAX_N): per row, legacy_gemv.rows_dot8 decodes each group of 8 raw blocks once
+for every token, transposes it in registers and sums 8 whole blocks per vpdpbusd lane against
+activations repacked once per call (legacy_gemv.repack_groups8; a last group of <= 4 blocks, e.g.
+k = 640, packs two tokens into each vector, so it costs half a group per token).
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
-per-block scales and sums), then simd.row_tile_dot_raw8 multiplies each raw weight row by every
-tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no per-token
-horizontal sums. gemm hands batches of n <= RAW_GEMV_MAX_N to gemv, which is faster there.
+per-block scales and sums), then legacy_gemm_tile.row_tile_dot_raw8 multiplies each raw weight row
+by every tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no
+per-token horizontal sums.
 
-IQ4_NL's codebook lookup is a vpshufb in the same in-register decoder (simd.LAYOUTS kind 5).
+IQ4_NL's codebook lookup is a vpshufb in the same in-register decoder (legacy_blocks.LAYOUTS kind 5).
 
-Every kernel adds the per-block float terms in simd's canonical 8-lane order, so a token's output
-is bit-identical whichever kernel its batch size selects (batch invariance).
+Every kernel adds the per-block float terms in legacy_blocks' canonical 8-lane order, so a token's
+output is bit-identical whichever kernel its batch size selects (batch invariance).
 """
 
 import numba as nb
@@ -29,17 +29,19 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.simd import GROUPS, TOKENS, repack_groups8, row_tile_dot_raw8, rows_dot8
+from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8
+from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
+from edged.backends.cpu.typed_kernel import bind
 
 QK = 32
 
+# block kinds (legacy_blocks.LAYOUTS keys)
+KIND = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4, T.IQ4_NL: 5}
 
-# Numba's on-disk cache keys on this file's text only, not on simd.py's intrinsics that these
-# kernels inline: bump this whenever simd.py's codegen changes, or stale machine code is loaded.
-SIMD_REVISION = 4
-
-# kinds for the shared gemm row decoder
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _IQ4_NL = range(6)
+# Up to this many tokens the gemv beats the 16-token-tile gemm (measured on Zen 4, 640-wide rows:
+# gemv 0.9x gemm at n=16, 0.8x at n=24, 1.15x at n=32), so matmul.py picks gemv up to here for
+# these types (bit-identical either way).
+GEMV_MAX_N = 24
 
 
 # ---------------------------------------------------------------- gemv: fused decode + block dot
@@ -140,19 +142,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
         for i in range(nr):
             row = w[r0 + i]
             for tile in range(ntile):
-                # raw blocks decode in registers (the kind must be a literal for the intrinsic)
-                if kind == _Q8_0:
-                    row_tile_dot_raw8(row, 0, xi[tile], xdt[tile], xst[tile], acc)
-                elif kind == _Q4_0:
-                    row_tile_dot_raw8(row, 1, xi[tile], xdt[tile], xst[tile], acc)
-                elif kind == _Q4_1:
-                    row_tile_dot_raw8(row, 2, xi[tile], xdt[tile], xst[tile], acc)
-                elif kind == _Q5_0:
-                    row_tile_dot_raw8(row, 3, xi[tile], xdt[tile], xst[tile], acc)
-                elif kind == _Q5_1:
-                    row_tile_dot_raw8(row, 4, xi[tile], xdt[tile], xst[tile], acc)
-                else:
-                    row_tile_dot_raw8(row, 5, xi[tile], xdt[tile], xst[tile], acc)
+                row_tile_dot_raw8(row, kind, xi[tile], xdt[tile], xst[tile], acc)  # run-time kind: a switch
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):
                     yt[tile * TOKENS + t, i] = acc[t]
         for t in range(n_live):
@@ -179,65 +169,13 @@ def _gemm(kind, w, xq, xd, xs, y):
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y)
 
 
-# Up to this many tokens the gemv beats the 16-token-tile gemm (measured on
-# Zen 4, 640-wide rows: gemv 0.9x gemm at n=16, 0.8x at n=24, 1.15x at n=32), so gemm hands
-# such batches to gemv — bit-identical either way. matmul.GEMV_MAX_N stays the global switch.
-RAW_GEMV_MAX_N = 24
-
-
 @nb.njit(nogil=True, cache=True)
-def gemm_q8_0(w, xq, xd, xs, y):
-    if xq.shape[0] <= RAW_GEMV_MAX_N:
-        gemv_q8_0(w, xq, xd, xs, y)
-    else:
-        _gemm(np.int64(_Q8_0), w, xq, xd, xs, y)  # not a literal: one compiled _gemm for all
+def gemm_legacy(w, xq, xd, xs, y, kind):
+    """The 16-token-tile gemm of every legacy type (`kind` a KIND value, run-time: one compiled
+    kernel for all six)."""
+    _gemm(kind, w, xq, xd, xs, y)
 
 
-@nb.njit(nogil=True, cache=True)
-def gemm_q4_0(w, xq, xd, xs, y):
-    if xq.shape[0] <= RAW_GEMV_MAX_N:
-        gemv_q4_0(w, xq, xd, xs, y)
-    else:
-        _gemm(np.int64(_Q4_0), w, xq, xd, xs, y)
-
-
-@nb.njit(nogil=True, cache=True)
-def gemm_q4_1(w, xq, xd, xs, y):
-    if xq.shape[0] <= RAW_GEMV_MAX_N:
-        gemv_q4_1(w, xq, xd, xs, y)
-    else:
-        _gemm(np.int64(_Q4_1), w, xq, xd, xs, y)
-
-
-@nb.njit(nogil=True, cache=True)
-def gemm_q5_0(w, xq, xd, xs, y):
-    if xq.shape[0] <= RAW_GEMV_MAX_N:
-        gemv_q5_0(w, xq, xd, xs, y)
-    else:
-        _gemm(np.int64(_Q5_0), w, xq, xd, xs, y)
-
-
-@nb.njit(nogil=True, cache=True)
-def gemm_q5_1(w, xq, xd, xs, y):
-    if xq.shape[0] <= RAW_GEMV_MAX_N:
-        gemv_q5_1(w, xq, xd, xs, y)
-    else:
-        _gemm(np.int64(_Q5_1), w, xq, xd, xs, y)
-
-
-@nb.njit(nogil=True, cache=True)
-def gemm_iq4_nl(w, xq, xd, xs, y):
-    if xq.shape[0] <= RAW_GEMV_MAX_N:
-        gemv_iq4_nl(w, xq, xd, xs, y)
-    else:
-        _gemm(np.int64(_IQ4_NL), w, xq, xd, xs, y)
-
-
-KERNELS = {
-    T.Q4_0: (gemv_q4_0, gemm_q4_0),
-    T.Q4_1: (gemv_q4_1, gemm_q4_1),
-    T.Q5_0: (gemv_q5_0, gemm_q5_0),
-    T.Q5_1: (gemv_q5_1, gemm_q5_1),
-    T.Q8_0: (gemv_q8_0, gemm_q8_0),
-    T.IQ4_NL: (gemv_iq4_nl, gemm_iq4_nl),
-}
+_GEMV = {T.Q4_0: gemv_q4_0, T.Q4_1: gemv_q4_1, T.Q5_0: gemv_q5_0, T.Q5_1: gemv_q5_1, T.Q8_0: gemv_q8_0,
+         T.IQ4_NL: gemv_iq4_nl}
+KERNELS = {qtype: (gemv, bind("gemm", qtype, gemm_legacy, np.int64(KIND[qtype]))) for qtype, gemv in _GEMV.items()}

@@ -102,7 +102,7 @@ def _tiled_gemm(rows_kernel, kind, w, x, tw=16):
     """y = x @ W.T through _prepare_tiles and the given (fresh) _gemm_rows copy; n <= 128."""
     xq, xd, xs = quantize_activations(x)
     n, k = x.shape
-    ntile, nblk, nb_ = (n + tw - 1) // tw, k // 32, (1 if kind in (mk._KIND_Q4K, mk._KIND_Q5K, mk._KIND_IQ4XS) else 2)
+    ntile, nblk, nb_ = (n + tw - 1) // tw, k // 32, (1 if kind in (mk.KIND_Q4K, mk.KIND_Q5K, mk.KIND_IQ4XS) else 2)
     xi = np.empty((ntile, nblk * 32 * tw), np.int8)
     xdt = np.empty((ntile, nblk * tw), np.float32)
     xbt = np.empty((ntile, nb_ * nblk * tw), np.float32)
@@ -117,20 +117,20 @@ def _tiled_gemm(rows_kernel, kind, w, x, tw=16):
 def test_vector_paths(use_vnni):
     """With VNNI (on hosts that have it) every kernel's hot loop is vpdpbusd; the portable vector
     code (what hosts without VNNI or F16C compile) gives the same results and no vpdpbusd."""
-    from edged.backends.cpu import kquant_simd
+    from edged.backends.cpu import vector_ir
 
-    if use_vnni and not kquant_simd.USE_VNNI:
+    if use_vnni and not vector_ir.USE_VNNI:
         pytest.skip("host has no AVX-512 VNNI")
-    saved = kquant_simd.USE_VNNI, kquant_simd.USE_F16C
-    kquant_simd.USE_VNNI = use_vnni
-    kquant_simd.USE_F16C = saved[1] and use_vnni
+    saved = vector_ir.USE_VNNI, vector_ir.USE_F16C
+    vector_ir.USE_VNNI = use_vnni
+    vector_ir.USE_F16C = saved[1] and use_vnni
     try:
         rng = np.random.default_rng(4)
         x = rng.standard_normal((17, 512)).astype(np.float32)
         rows_kernel = _fresh(mk._gemm_rows)
         gemv = _fresh(mk.gemv_kquant)
-        for qtype, kind in ((T.Q4_K, mk._KIND_Q4K), (T.Q5_K, mk._KIND_Q5K), (T.Q6_K, mk._KIND_Q6K),
-                            (T.Q3_K, mk._KIND_Q3K), (T.Q2_K, mk._KIND_Q2K), (T.IQ4_XS, mk._KIND_IQ4XS)):
+        for qtype, kind in ((T.Q4_K, mk.KIND_Q4K), (T.Q5_K, mk.KIND_Q5K), (T.Q6_K, mk.KIND_Q6K),
+                            (T.Q3_K, mk.KIND_Q3K), (T.Q2_K, mk.KIND_Q2K), (T.IQ4_XS, mk.KIND_IQ4XS)):
             w = random_qtensor(qtype, 7, 512, seed=9)
             ref = x @ reference_dequantize(w).T
             y_gemv = _run(lambda *a: gemv(*a, kind), w, x)
@@ -142,7 +142,7 @@ def test_vector_paths(use_vnni):
         assert ("vpdpbusd" in gemv.inspect_asm(gemv.signatures[0])) == use_vnni
         assert ("vpdpbusd" in rows_kernel.inspect_asm(rows_kernel.signatures[0])) == use_vnni
     finally:
-        kquant_simd.USE_VNNI, kquant_simd.USE_F16C = saved
+        vector_ir.USE_VNNI, vector_ir.USE_F16C = saved
 
 
 def test_real_tensors_of_default_model():

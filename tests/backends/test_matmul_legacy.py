@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu import matmul_legacy, simd
+from edged.backends.cpu import legacy_gemm_tile, legacy_gemv, matmul_legacy, vector_ir
 from edged.backends.cpu.act_quant import quantize_activations
 from tests.helpers.qdata import random_qtensor, reference_dequantize
 
@@ -52,7 +52,7 @@ def test_gemv_and_gemm_bit_identical(qtype):
     """Both kernels on the same quantized activations give bit-identical outputs (the canonical
     8-lane float order), for k with no, one and several 8-block groups plus a partial group, and
     n values each path rarely sees (n=3 through gemm: a partial 16-token tile; n=17 through gemv)."""
-    gemv, gemm = mm.kernels_for(qtype)[0], tile_gemm(qtype)
+    gemv, gemm = mm.kernels_for(qtype)
     for k in (96, 288, 640):
         m = 33
         w = random_qtensor(qtype, m, k, seed=k)
@@ -65,26 +65,20 @@ def test_gemv_and_gemm_bit_identical(qtype):
             np.testing.assert_array_equal(y1, y2, err_msg=f"{qtype.name} k={k} n={n}")
 
 
-def tile_gemm(qtype):
-    """The 16-token-tile gemm itself (the public gemm hands small batches of raw types to gemv)."""
-    kind = np.int64(getattr(matmul_legacy, "_" + qtype.name))
-    return lambda *args: matmul_legacy._gemm(kind, *args)
-
-
-def test_gemm_hands_small_batches_to_gemv():
-    """Either side of RAW_GEMV_MAX_N (gemv below, tile gemm above) the public gemm matches the tile
-    gemm bit for bit."""
+def test_matmul_uses_gemv_up_to_its_threshold():
+    """matmul runs the legacy types' gemv up to matmul_legacy.GEMV_MAX_N tokens (it beats the tile
+    gemm there) and the tile gemm above; both sides match the tile gemm bit for bit."""
     w = random_qtensor(T.Q5_0, 9, 64, seed=2)
-    for n in (matmul_legacy.RAW_GEMV_MAX_N, matmul_legacy.RAW_GEMV_MAX_N + 1):
+    assert mm.gemv_max_n(T.Q5_0) == matmul_legacy.GEMV_MAX_N
+    for n in (matmul_legacy.GEMV_MAX_N, matmul_legacy.GEMV_MAX_N + 1):
         qx = quantize_activations(activations(n, 64, seed=n))
-        y, ref = np.empty((n, 9), np.float32), np.empty((n, 9), np.float32)
-        matmul_legacy.gemm_q5_0(w.rows(), *qx, y)
-        tile_gemm(T.Q5_0)(w.rows(), *qx, ref)
-        np.testing.assert_array_equal(y, ref)
+        ref = np.empty((n, 9), np.float32)
+        mm.kernels_for(T.Q5_0)[1](w.rows(), *qx, ref)
+        np.testing.assert_array_equal(mm.matmul(w, activations(n, 64, seed=n), qx=qx), ref)
 
 
 def _canonical_q8_0(w, xq, xd, xs):
-    """float32 numpy model of the canonical order for Q8_0 (simd.py): lane j sums the terms
+    """float32 numpy model of the canonical order for Q8_0 (legacy_blocks.py): lane j sums the terms
     T_b = xd_b·(d_b·s_b + c_b·xs_b) of blocks b ≡ j mod 8, then ((L0+L4)+(L2+L6))+((L1+L5)+(L3+L7))."""
     m, k = w.shape
     nblk = k // 32
@@ -103,7 +97,7 @@ def _canonical_q8_0(w, xq, xd, xs):
 
 def test_canonical_order_exact():
     """gemv and gemm reproduce the documented float order bit for bit (numpy float32 model)."""
-    gemv, gemm = mm.kernels_for(T.Q8_0)[0], tile_gemm(T.Q8_0)
+    gemv, gemm = mm.kernels_for(T.Q8_0)
     for k in (64, 320, 544):
         w = random_qtensor(T.Q8_0, 11, k, seed=k)
         qx = quantize_activations(activations(5, k, seed=k))
@@ -129,7 +123,7 @@ def test_gemv_token_pairs_exact():
             y1 = np.full((n, 9), np.nan, np.float32)
             y2 = np.full((n, 9), np.nan, np.float32)
             mm.kernels_for(T.Q4_0)[0](w.rows(), *qx, y1)
-            tile_gemm(T.Q4_0)(w.rows(), *qx, y2)
+            mm.kernels_for(T.Q4_0)[1](w.rows(), *qx, y2)
             np.testing.assert_array_equal(y1, y2, err_msg=f"Q4_0 k={k} n={n}")
 
 
@@ -154,7 +148,7 @@ def test_exact_on_integer_activations():
         assert rel_err(y, ref) < 1e-5, qtype.name
 
 
-@pytest.mark.skipif(not simd.USE_VNNI, reason="host has no AVX-512 VNNI")
+@pytest.mark.skipif(not vector_ir.USE_VNNI, reason="host has no AVX-512 VNNI")
 @pytest.mark.skipif(not nb.config.SLP_VECTORIZE, reason="numba was imported before edged set SLP")
 @pytest.mark.parametrize("name", ["gemv_q8_0", "gemv_q4_0", "gemv_q5_0", "gemv_iq4_nl"])
 def test_gemv_emits_vnni(name):
@@ -168,60 +162,60 @@ def test_gemv_emits_vnni(name):
 
 
 def _gemv_portable_and_vnni(w, qx, kind, use_vnni):
-    """y [n, m] from simd._rows_dot8 compiled on the chosen codegen path (serial, uncached)."""
+    """y [n, m] from legacy_gemv._rows_dot8 compiled on the chosen codegen path (serial, uncached)."""
     xq = qx[0]
     n, k = xq.shape
     xt = np.empty(((n + 1) // 2, ((k // 32 + 7) // 8) * 512), np.int8)
-    simd.repack_groups8(xq, xt)
-    saved = simd.USE_VNNI
+    legacy_gemv.repack_groups8(xq, xt)
+    saved = vector_ir.USE_VNNI
     try:
-        simd.USE_VNNI = use_vnni
+        vector_ir.USE_VNNI = use_vnni
 
         @nb.njit(cache=False)
         def gemv(w, xt, xq, xd, xs, y):
             acc = np.empty(8 * xq.shape[0], np.float32)
             for r in range(w.shape[0]):
-                simd._rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
+                legacy_gemv._rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
 
         y = np.full((n, w.shape[0]), np.nan, np.float32)
         gemv(w.rows(), xt, *qx, y)
     finally:
-        simd.USE_VNNI = saved
+        vector_ir.USE_VNNI = saved
     assert ("vpdpbusd" in gemv.inspect_asm(gemv.signatures[0])) == use_vnni
     return y
 
 
 def _gemm_portable_and_vnni(w, qx, kind, use_vnni):
-    """y [n, m] (n <= 16) from simd._row_tile_dot_raw8 compiled on the chosen codegen path."""
+    """y [n, m] (n <= 16) from legacy_gemm_tile._row_tile_dot_raw8 compiled on the chosen codegen path."""
     n, k = qx[0].shape
     nblk = k // 32
     xi = np.empty((1, nblk * 512), np.int8)
     xdt = np.empty((1, nblk * 16), np.float32)
     xst = np.empty((1, nblk * 16), np.float32)
     matmul_legacy._prepare_tiles(*qx, 0, 1, xi, xdt, xst)
-    saved = simd.USE_VNNI
+    saved = vector_ir.USE_VNNI
     try:
-        simd.USE_VNNI = use_vnni
+        vector_ir.USE_VNNI = use_vnni
 
         @nb.njit(cache=False)
         def tile(w, xi, xdt, xst, y):
             out = np.empty(16, np.float32)
             for r in range(w.shape[0]):
-                simd._row_tile_dot_raw8(w[r], kind, xi, xdt, xst, out)
+                legacy_gemm_tile._row_tile_dot_raw8(w[r], kind, xi, xdt, xst, out)
                 y[:, r] = out[: y.shape[0]]
 
         y = np.full((n, w.shape[0]), np.nan, np.float32)
         tile(w.rows(), xi[0], xdt[0], xst[0], y)
     finally:
-        simd.USE_VNNI = saved
+        vector_ir.USE_VNNI = saved
     assert ("vpdpbusd" in tile.inspect_asm(tile.signatures[0])) == use_vnni
     return y
 
 
-KIND = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4, T.IQ4_NL: 5}
+KIND = matmul_legacy.KIND
 
 
-@pytest.mark.parametrize("use_vnni", [False, True] if simd.USE_VNNI else [False])
+@pytest.mark.parametrize("use_vnni", [False, True] if vector_ir.USE_VNNI else [False])
 @pytest.mark.parametrize("qtype", list(KIND), ids=lambda t: t.name)
 def test_raw_decoders_both_paths(qtype, use_vnni):
     """The in-register block decoders of rows_dot8 (gemv) and row_tile_dot_raw8 (gemm) on each
