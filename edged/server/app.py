@@ -147,6 +147,44 @@ def _error_finish(gen: Generation):
     return None
 
 
+def _submit(state: ServerState, rid: str, prompts: list, req, default_max_tokens) -> Generation:
+    """A Generation with every choice of `req` queued (closed again if queueing fails)."""
+    gen = Generation(state, rid)
+    try:
+        gen.submit(prompts, req.params, req.n, req.max_tokens, default_max_tokens, req.top_logprobs)
+    except BaseException:
+        gen.close()
+        raise
+    return gen
+
+
+async def _respond(request: Request, gen: Generation, events, head: dict, choices_of,
+                   n_prompt: int) -> Response:
+    """SSE of `events` when streaming (events is not None), else one JSON object: `head`, the
+    choices_of() once every choice finished, and usage; 499 when the client left first."""
+    if events is not None:
+        return SSEResponse(events, gen.close)
+    try:
+        ok, _ = await until_disconnect(gen.collect(), request.receive)
+        if not ok:
+            return Response(status_code=499)
+        err = _error_finish(gen)
+        if err is not None:
+            raise APIError(500, f"generation failed: {err}", code="engine_error")
+        return JSONResponse({**head, "choices": choices_of(),
+                             "usage": usage(n_prompt, gen.usage_completion_tokens)})
+    finally:
+        gen.close()
+
+
+def _chunk(head: dict, req, choices: list, use=None) -> bytes:
+    """One streamed chunk: `head`, the choices and, when the client asked for usage, `use`."""
+    obj = {**head, "choices": choices}
+    if req.include_usage:
+        obj["usage"] = use
+    return sse(obj)
+
+
 async def chat_completions(request: Request) -> Response:
     state, req, model = await _prepare(request, schemas.parse_chat)
     tok = state.tokenizer
@@ -157,49 +195,29 @@ async def chat_completions(request: Request) -> Response:
 
     ids = await run_in_threadpool(render_and_encode)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    gen = Generation(state, rid)
-    try:
-        gen.submit([ids], req.params, req.n, req.max_tokens, lambda p: state.max_len - p,
-                   req.top_logprobs)
-    except BaseException:
-        gen.close()
-        raise
-    created = int(time.time())
+    gen = _submit(state, rid, [ids], req, lambda p: state.max_len - p)
+    head = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model}
     tt = TokenText(tok)
-    if req.stream:
-        return SSEResponse(_chat_events(gen, req, rid, created, model, len(ids), tt), gen.close)
-    try:
-        ok, _ = await until_disconnect(gen.collect(), request.receive)
-        if not ok:
-            return Response(status_code=499)
-        err = _error_finish(gen)
-        if err is not None:
-            raise APIError(500, f"generation failed: {err}", code="engine_error")
-        choices = []
+
+    def choices():
+        out = []
         for c in gen.choices:
             text = "".join(d.text for d in c.deltas)
             lp = None
             if req.top_logprobs is not None:
                 lp = {"content": [chat_logprob_entry(d, tt) for d in c.deltas if is_logged(d, tok)]}
-            choices.append({"index": c.index, "message": {"role": "assistant", "content": text},
-                            "logprobs": lp, "finish_reason": finish_reason(c.finish_reason)})
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
-                             "model": model, "choices": choices,
-                             "usage": usage(len(ids), gen.usage_completion_tokens)})
-    finally:
-        gen.close()
+            out.append({"index": c.index, "message": {"role": "assistant", "content": text},
+                        "logprobs": lp, "finish_reason": finish_reason(c.finish_reason)})
+        return out
+
+    chunk_head = {**head, "object": "chat.completion.chunk"}
+    events = _chat_events(gen, req, chunk_head, len(ids), tt) if req.stream else None
+    return await _respond(request, gen, events, head, choices, len(ids))
 
 
-async def _chat_events(gen: Generation, req, rid, created, model, n_prompt, tt):
-    def chunk(choices, use=None):
-        obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": choices}
-        if req.include_usage:
-            obj["usage"] = use
-        return sse(obj)
-
-    yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                  "logprobs": None, "finish_reason": None} for c in gen.choices])
+async def _chat_events(gen: Generation, req, head: dict, n_prompt: int, tt):
+    yield _chunk(head, req, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None} for c in gen.choices])
     async for c, d in gen.events():
         lp = None
         if req.top_logprobs is not None and is_logged(d, tt.tok):
@@ -210,10 +228,10 @@ async def _chat_events(gen: Generation, req, rid, created, model, n_prompt, tt):
         if not d.text and lp is None and d.finish_reason is None:
             continue  # UTF-8 or stop-string look-ahead held the text back
         delta = {"content": d.text} if d.text or lp is not None else {}
-        yield chunk([{"index": c.index, "delta": delta, "logprobs": lp,
-                      "finish_reason": finish_reason(d.finish_reason)}])
+        yield _chunk(head, req, [{"index": c.index, "delta": delta, "logprobs": lp,
+                                  "finish_reason": finish_reason(d.finish_reason)}])
     if req.include_usage:
-        yield chunk([], usage(n_prompt, gen.usage_completion_tokens))
+        yield _chunk(head, req, [], usage(n_prompt, gen.usage_completion_tokens))
     yield SSE_DONE
 
 
@@ -230,27 +248,14 @@ async def completions(request: Request) -> Response:
     if req.echo:
         echoes = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
-    gen = Generation(state, rid)
-    try:
-        gen.submit(prompts, req.params, req.n, req.max_tokens,
-                   lambda p: min(COMPLETIONS_DEFAULT_MAX_TOKENS, state.max_len - p), req.top_logprobs)
-    except BaseException:
-        gen.close()
-        raise
-    created = int(time.time())
+    gen = _submit(state, rid, prompts, req,
+                  lambda p: min(COMPLETIONS_DEFAULT_MAX_TOKENS, state.max_len - p))
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
     tt = TokenText(tok)
     n_prompt = sum(len(p) for p in prompts)
-    if req.stream:
-        return SSEResponse(_completion_events(gen, req, rid, created, model, n_prompt, echoes, tt),
-                           gen.close)
-    try:
-        ok, _ = await until_disconnect(gen.collect(), request.receive)
-        if not ok:
-            return Response(status_code=499)
-        err = _error_finish(gen)
-        if err is not None:
-            raise APIError(500, f"generation failed: {err}", code="engine_error")
-        choices = []
+
+    def choices():
+        out = []
         for c in gen.choices:
             text = echoes[c.index // req.n]
             lp = CompletionLogprobs() if req.top_logprobs is not None else None
@@ -258,30 +263,22 @@ async def completions(request: Request) -> Response:
                 if lp is not None and is_logged(d, tok):
                     lp.add(d, tt, len(text))
                 text += d.text
-            choices.append({"index": c.index, "text": text,
-                            "logprobs": lp.to_dict() if lp is not None else None,
-                            "finish_reason": finish_reason(c.finish_reason)})
-        return JSONResponse({"id": rid, "object": "text_completion", "created": created,
-                             "model": model, "choices": choices,
-                             "usage": usage(n_prompt, gen.usage_completion_tokens)})
-    finally:
-        gen.close()
+            out.append({"index": c.index, "text": text,
+                        "logprobs": lp.to_dict() if lp is not None else None,
+                        "finish_reason": finish_reason(c.finish_reason)})
+        return out
+
+    events = _completion_events(gen, req, head, n_prompt, echoes, tt) if req.stream else None
+    return await _respond(request, gen, events, head, choices, n_prompt)
 
 
-async def _completion_events(gen: Generation, req, rid, created, model, n_prompt, echoes, tt):
-    def chunk(choices, use=None):
-        obj = {"id": rid, "object": "text_completion", "created": created, "model": model,
-               "choices": choices}
-        if req.include_usage:
-            obj["usage"] = use
-        return sse(obj)
-
+async def _completion_events(gen: Generation, req, head: dict, n_prompt: int, echoes, tt):
     sent = {c.index: 0 for c in gen.choices}  # characters sent per choice (for text_offset)
     if req.echo:
         for c in gen.choices:
             e = echoes[c.index // req.n]
             sent[c.index] = len(e)
-            yield chunk([{"index": c.index, "text": e, "logprobs": None, "finish_reason": None}])
+            yield _chunk(head, req, [{"index": c.index, "text": e, "logprobs": None, "finish_reason": None}])
     async for c, d in gen.events():
         if d.finish_reason == "error":
             yield sse_error_event(APIError(500, f"generation failed: {d.error}", code="engine_error"))
@@ -294,10 +291,10 @@ async def _completion_events(gen: Generation, req, rid, created, model, n_prompt
         if not d.text and lp is None and d.finish_reason is None:
             continue
         sent[c.index] += len(d.text)
-        yield chunk([{"index": c.index, "text": d.text, "logprobs": lp,
-                      "finish_reason": finish_reason(d.finish_reason)}])
+        yield _chunk(head, req, [{"index": c.index, "text": d.text, "logprobs": lp,
+                                  "finish_reason": finish_reason(d.finish_reason)}])
     if req.include_usage:
-        yield chunk([], usage(n_prompt, gen.usage_completion_tokens))
+        yield _chunk(head, req, [], usage(n_prompt, gen.usage_completion_tokens))
     yield SSE_DONE
 
 
