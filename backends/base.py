@@ -1,4 +1,5 @@
-"""The op set a model may call, and the flat batch every forward pass takes.
+"""The op set a model may call, the flat batch every forward pass takes, and the parameters both
+backends read the same way (RopeParams, the KV cache shape, the keys attention visits: key_chunk).
 
 Models call only these ops (through a backend module such as `edged.backends.cpu`), so the CPU and
 CUDA backends are interchangeable per layer. Shapes use numpy order; all activations are float32.
@@ -87,6 +88,18 @@ class Batch:
     @property
     def n_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+
+def key_chunk(p, window, c, chunk):
+    """Keys [j0, j1) of chunk c of those a token at position p attends to: lo .. p, where
+    lo = p - window + 1 under a sliding window (window > 0), else 0. Chunks of `chunk` keys start
+    at lo, so a token's chunk boundaries depend on the token alone. Plain Python: each backend
+    compiles it into its attention kernel."""
+    lo = 0
+    if window > 0 and p - window + 1 > 0:
+        lo = p - window + 1
+    j0 = lo + c * chunk
+    return j0, min(j0 + chunk, p + 1)
 
 
 def kv_shape(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> tuple:

@@ -13,9 +13,11 @@ import math
 import numba as nb
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV, kv_shape
+from edged.backends.base import Batch, LayerKV, key_chunk, kv_shape
 from edged.backends.cpu.attention_tiles import FM, score_keys, weigh_values
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
+
+_key_chunk = nb.njit(inline="always")(key_chunk)
 
 # Keys per chunk, fixed so a token's chunk boundaries (and so its rounding) depend on the token
 # alone, never on the batch around it: the same request gives the same output in any batch.
@@ -81,14 +83,10 @@ def _work_item(it0, n_items, kvh, n_chunks):
 
 @nb.njit(inline="always")
 def _chunk_keys(seq_starts, positions, t, window, c, chunk):
-    """(sequence owning token t, first key, end key) of chunk c of t's visible keys [lo, p]."""
+    """(sequence owning token t, first key, end key) of chunk c of t's visible keys."""
     s = np.searchsorted(seq_starts, t, side="right") - 1
-    p = positions[t]
-    lo = 0
-    if window > 0 and p - window + 1 > 0:
-        lo = p - window + 1
-    j0 = lo + c * chunk
-    return s, j0, min(j0 + chunk, p + 1)
+    j0, j1 = _key_chunk(positions[t], window, c, chunk)
+    return s, j0, j1
 
 
 @nb.njit(inline="always", fastmath=FM)
@@ -143,7 +141,7 @@ def _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc):
         bi = j // bs
         blk = block_tables[s, bi]
         o_end = min(bs, j1 - bi * bs)
-        weigh_values(acc, vc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0)
+        weigh_values(acc, vc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, np.float32(1.0))
         j = bi * bs + o_end
 
 

@@ -83,8 +83,8 @@ def _scores_1x4(qr, k0, k1, k2, k3, sr, jj, scale):
 
 
 @nb.njit(inline="always", fastmath=FM)
-def _weigh_4x4(acc, h, sc, jj, v0, v1, v2, v3):
-    """acc[h:h+4] += sc[h:h+4, jj:jj+4] @ [v0..v3]; acc [g, hd], v rows [hd]."""
+def _weigh_4x4(acc, h, v0, v1, v2, v3, sc, jj, scale):
+    """acc[h:h+4] += sc[h:h+4, jj:jj+4] @ [v0..v3]; acc [g, hd], v rows [hd] (scale unused)."""
     p00, p01, p02, p03 = _load4(sc[h], jj)
     p10, p11, p12, p13 = _load4(sc[h + 1], jj)
     p20, p21, p22, p23 = _load4(sc[h + 2], jj)
@@ -105,65 +105,61 @@ def _weigh_4x4(acc, h, sc, jj, v0, v1, v2, v3):
 
 
 @nb.njit(inline="always", fastmath=FM)
-def _weigh_1x4(ar, sr, jj, v0, v1, v2, v3):
-    """ar += sr[jj:jj+4] @ [v0..v3] for one head's accumulator row ar [hd]."""
+def _weigh_1x4(ar, v0, v1, v2, v3, sr, jj, scale):
+    """ar += sr[jj:jj+4] @ [v0..v3] for one head's accumulator row ar [hd] (scale unused)."""
     p0, p1, p2, p3 = _load4(sr, jj)
     for d in range(ar.shape[0]):
         ar[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
 
 
 @nb.njit(inline="always", fastmath=FM)
-def _axpy(y, a, x):
-    """y += a * x over float32 [hd] rows."""
-    for i in range(y.shape[0]):
-        y[i] += a * x[i]
+def _scores_1(qg, krow, sc, jj, scale):
+    """sc[:, jj] = qg . krow * scale for one key row krow [hd]."""
+    for h in range(qg.shape[0]):
+        sc[h, jj] = _dot(qg[h], krow) * scale
 
 
 @nb.njit(inline="always", fastmath=FM)
-def score_keys(qg, kc, blk, kh, o0, o1, sc, base, scale):
-    """Scores of keys at offsets o0..o1-1 of block blk into sc[:, base + o] (qg [g, hd])."""
-    g = qg.shape[0]
-    o = o0
-    while o + 4 <= o1:
-        k0 = kc[blk, o, kh]
-        k1 = kc[blk, o + 1, kh]
-        k2 = kc[blk, o + 2, kh]
-        k3 = kc[blk, o + 3, kh]
-        h = 0
-        while h + 4 <= g:
-            _scores_4x4(qg, h, k0, k1, k2, k3, sc, base + o, scale)
-            h += 4
-        while h < g:
-            _scores_1x4(qg[h], k0, k1, k2, k3, sc[h], base + o, scale)
-            h += 1
-        o += 4
-    while o < o1:
-        krow = kc[blk, o, kh]  # [hd]
-        for h in range(g):
-            sc[h, base + o] = _dot(qg[h], krow) * scale
-        o += 1
+def _weigh_1(acc, vrow, sc, jj, scale):
+    """acc[h] += sc[h, jj] * vrow for every head h, one V row vrow [hd] (scale unused)."""
+    for h in range(acc.shape[0]):
+        y = acc[h]
+        a = sc[h, jj]
+        for i in range(y.shape[0]):
+            y[i] += a * vrow[i]
 
 
-@nb.njit(inline="always", fastmath=FM)
-def weigh_values(acc, vc, blk, kh, o0, o1, sc, base):
-    """acc [g, hd] += probabilities sc[:, base + o] times V rows at offsets o0..o1-1 of blk."""
-    g = acc.shape[0]
-    o = o0
-    while o + 4 <= o1:
-        v0 = vc[blk, o, kh]
-        v1 = vc[blk, o + 1, kh]
-        v2 = vc[blk, o + 2, kh]
-        v3 = vc[blk, o + 3, kh]
-        h = 0
-        while h + 4 <= g:
-            _weigh_4x4(acc, h, sc, base + o, v0, v1, v2, v3)
-            h += 4
-        while h < g:
-            _weigh_1x4(acc[h], sc[h], base + o, v0, v1, v2, v3)
-            h += 1
-        o += 4
-    while o < o1:
-        vrow = vc[blk, o, kh]  # [hd]
-        for h in range(g):
-            _axpy(acc[h], sc[h, base + o], vrow)
-        o += 1
+def _key_walker(tile4x4, tile1x4, tile1):
+    """A kernel helper f(rows [g, hd], cache [nb, bs, kvh, hd], blk, kh, o0, o1, sc, base, scale)
+    visiting keys o0..o1-1 of cache block blk, kv head kh: 4 keys at a time, as 4x4 tiles of heads
+    and a 1x4 tile for each head past a multiple of 4, then one key at a time; the key at offset o
+    uses column base + o of sc [g, nk]."""
+
+    @nb.njit(inline="always", fastmath=FM)
+    def walk(rows, cache, blk, kh, o0, o1, sc, base, scale):
+        g = rows.shape[0]
+        o = o0
+        while o + 4 <= o1:
+            c0 = cache[blk, o, kh]
+            c1 = cache[blk, o + 1, kh]
+            c2 = cache[blk, o + 2, kh]
+            c3 = cache[blk, o + 3, kh]
+            h = 0
+            while h + 4 <= g:
+                tile4x4(rows, h, c0, c1, c2, c3, sc, base + o, scale)
+                h += 4
+            while h < g:
+                tile1x4(rows[h], c0, c1, c2, c3, sc[h], base + o, scale)
+                h += 1
+            o += 4
+        while o < o1:
+            tile1(rows, cache[blk, o, kh], sc, base + o, scale)
+            o += 1
+
+    return walk
+
+
+# score_keys(qg, kc, ...): scores of query heads qg [g, hd] against the keys into sc
+score_keys = _key_walker(_scores_4x4, _scores_1x4, _scores_1)
+# weigh_values(acc, vc, ..., scale=unused): acc [g, hd] += probabilities sc times the V rows
+weigh_values = _key_walker(_weigh_4x4, _weigh_1x4, _weigh_1)

@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
-from edged.backends.base import Batch, LayerKV, kv_shape
+from edged.backends.base import Batch, LayerKV, key_chunk, kv_shape
 from edged.backends.cuda.launch import SIM, launch_1d
 from edged.backends.cuda.memory import as_device, is_device
 
@@ -32,6 +32,8 @@ MAX_GHD = ACC_MAX * _MAX_THREADS
 # Keys per thread block: a long context is split over several blocks (flash-decoding), so a decode
 # step still fills the device; partial results are combined by _combine_chunks.
 CHUNK = 2 * ATT_THREADS
+
+_key_chunk = cuda.jit(device=True, inline=True)(key_chunk)
 
 
 @cuda.jit
@@ -131,17 +133,13 @@ def prepare_batch(batch: Batch) -> Batch:
 
 @cuda.jit(device=True, inline=True)
 def _key_range(seq_starts, positions, t, window, c, chunk):
-    """(sequence owning token t, first key, end key) of chunk c of t's visible keys [lo, p]."""
+    """(sequence owning token t, first key, end key) of chunk c of t's visible keys."""
     s = 0  # the last sequence starting at or before t
     for z in range(1, seq_starts.shape[0] - 1):
         if seq_starts[z] <= t:
             s = z
-    p = positions[t]
-    lo = 0
-    if window > 0 and p - window + 1 > 0:
-        lo = p - window + 1
-    k0 = lo + c * chunk
-    return s, k0, min(k0 + chunk, p + 1)
+    k0, k1 = _key_chunk(positions[t], window, c, chunk)
+    return s, k0, k1
 
 
 @cuda.jit(device=True, inline=True)

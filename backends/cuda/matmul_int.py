@@ -106,6 +106,13 @@ def _make_matvec(load4, scales, family):
     return matvec
 
 
+@cuda.jit(device=True, inline=True)
+def _stage_group(tid, q):
+    """(tile row or token, block of the stage, 4-element group) of thread tid's q-th copy."""
+    e = tid + TILE_THREADS * q
+    return e // (8 * STAGE_BLOCKS), (e // 8) % STAGE_BLOCKS, e % 8
+
+
 def _make_weight_stage(load4, scales):
     @cuda.jit(device=True, inline=True)
     def weight_stage(w, st, nblk, r0, tid, su, ss, sc):
@@ -114,10 +121,7 @@ def _make_weight_stage(load4, scales):
         row's end). Each thread decodes _W_GROUPS (row, block, 4-element group)s."""
         m = w.shape[0]
         for q in range(_W_GROUPS):
-            e = tid + TILE_THREADS * q
-            i = e // (8 * STAGE_BLOCKS)
-            jb = (e // 8) % STAGE_BLOCKS
-            g = e % 8
+            i, jb, g = _stage_group(tid, q)
             b = st + jb
             rr = min(r0 + i, m - 1)
             if b < nblk:
@@ -146,10 +150,7 @@ def _activation_stage(xq, xd, st, nblk, t0, tid, sx, sxd):
     scales to sxd [token, block] (rows past the last token repeat it; their outputs are dropped)."""
     n = xq.shape[0]
     for q in range(_X_GROUPS):
-        e = tid + TILE_THREADS * q
-        tt = e // (8 * STAGE_BLOCKS)
-        jb = (e // 8) % STAGE_BLOCKS
-        g = e % 8
+        tt, jb, g = _stage_group(tid, q)
         b = min(st + jb, nblk - 1)
         tok = min(t0 + tt, n - 1)
         o = 32 * jb + 4 * g
