@@ -7,8 +7,8 @@ import pytest
 from edged.engine.engine import Engine, EngineConfig
 from edged.models import load_model
 from edged.quant import load_gguf
-from edged.sampling import SamplingParams
 from edged.tokenizer import Tokenizer
+from tests.engine.engine_helpers import greedy, token_ids
 from tests.helpers.model import default_model_path
 
 
@@ -18,13 +18,8 @@ def gemma():
     return load_model(gf), Tokenizer.from_gguf(gf)
 
 
-def _params(n):
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-
 def _ids(deltas):
-    assert deltas[-1].finish_reason == "length", deltas[-1]
-    return [d.token_id for d in deltas]
+    return token_ids(deltas, finish="length")
 
 
 def test_sixteen_mixed_requests_equal_alone(gemma):
@@ -36,8 +31,8 @@ def test_sixteen_mixed_requests_equal_alone(gemma):
     eng = Engine(model, tok, EngineConfig(num_blocks=256, block_size=16, max_batch_tokens=256,
                                           max_seqs=16)).start()
     try:
-        alone = [_ids(eng.generate(p, _params(6))) for p in prompts]
-        together = [_ids(list(s)) for s in [eng.add_request(p, _params(6)) for p in prompts]]
+        alone = [_ids(eng.generate(p, greedy(6))) for p in prompts]
+        together = [_ids(list(s)) for s in [eng.add_request(p, greedy(6)) for p in prompts]]
         assert together == alone
         st = eng.stats()
         assert st.blocks_free == st.blocks_total
@@ -53,8 +48,8 @@ def test_preemption_on_default_model_changes_nothing(gemma):
     small = Engine(model, tok, EngineConfig(num_blocks=7, block_size=16, max_batch_tokens=64,
                                             max_seqs=4)).start()
     try:
-        ref = [_ids(big.generate(p, _params(12))) for p in prompts]
-        got = [_ids(list(s)) for s in [small.add_request(p, _params(12)) for p in prompts]]
+        ref = [_ids(big.generate(p, greedy(12))) for p in prompts]
+        got = [_ids(list(s)) for s in [small.add_request(p, greedy(12)) for p in prompts]]
         assert got == ref
         assert small.stats().preemptions > 0
     finally:
@@ -74,7 +69,7 @@ def test_long_prompt_same_with_and_without_freeing_window_blocks(gemma):
                                           max_seqs=1, free_window_blocks=False)).start()
     try:
         assert on.window_pool is not None and off.window_pool is None
-        assert _ids(on.generate(prompt, _params(8))) == _ids(off.generate(prompt, _params(8)))
+        assert _ids(on.generate(prompt, greedy(8))) == _ids(off.generate(prompt, greedy(8)))
         st = on.stats()
         assert st.blocks_free == st.blocks_total and st.window_blocks_free == st.window_blocks_total
     finally:

@@ -4,17 +4,13 @@ prefix hits need only the window's blocks, and greedy outputs match a single-poo
 import numpy as np
 import pytest
 
-from edged.engine.engine import Engine, EngineConfig
 from edged.engine.request import Request
 from edged.engine.scheduler import Scheduler
 from edged.engine.sizing import kv_layout, plan_kv, window_blocks_needed
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
-from edged.models import load_model
-from edged.quant import load_gguf
-from edged.sampling import SamplingParams
-from edged.tokenizer import Tokenizer
-from tests.helpers.tiny_models import write_tiny_model
+from tests.engine.engine_helpers import (assert_all_blocks_free, greedy, load_tiny, random_prompts,
+                                         start_engine, token_ids)
 
 W, BS = 8, 4  # window and block size of the block-accounting tests
 
@@ -143,36 +139,15 @@ def test_allocation_fails_when_either_group_is_short():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("swa") / "m.gguf", "gemma3", sliding_window=W)
-    gf = load_gguf(path)
-    return load_model(gf), Tokenizer.from_gguf(gf)
+    return load_tiny(tmp_path_factory.mktemp("swa"), "gemma3", sliding_window=W)
 
 
 def _engine(tiny, **cfg):
-    model, tok = tiny
-    config = EngineConfig(**{"num_blocks": 256, "block_size": BS, "max_batch_tokens": 16,
-                             "max_seqs": 16, **cfg})
-    return Engine(model, tok, config).start()
-
-
-def _params(n):
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return start_engine(tiny, **{"block_size": BS, "max_batch_tokens": 16, **cfg})
 
 
 def _ids(deltas):
-    assert deltas[-1].finish_reason == "length", deltas[-1]
-    return [d.token_id for d in deltas]
-
-
-def _prompts(vocab, n, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(4, vocab, size=int(rng.integers(1, 40))).tolist() for _ in range(n)]
-
-
-def _assert_clean(eng):
-    st = eng.stats()
-    assert st.running == 0 and st.waiting == 0
-    assert st.blocks_free == st.blocks_total and st.window_blocks_free == st.window_blocks_total
+    return token_ids(deltas, finish="length")
 
 
 def test_tiny_model_has_two_groups(tiny):
@@ -203,17 +178,17 @@ def test_plan_kv_splits_a_budget_and_never_outgrows_one_pool(tiny):
 
 
 def test_greedy_same_with_and_without_freeing(tiny):
-    prompts = _prompts(tiny[0].vocab_size, 4, seed=3)
+    prompts = random_prompts(tiny[0].vocab_size, 4, seed=3)
     on = _engine(tiny, max_seqs=4)
     off = _engine(tiny, max_seqs=4, free_window_blocks=False)
     try:
         assert on.window_pool is not None and off.window_pool is None
         # 40 generated tokens: far past the 8-token window
-        ref = [_ids(off.generate(p, _params(40))) for p in prompts]
-        got = [_ids(on.generate(p, _params(40))) for p in prompts]
+        ref = [_ids(off.generate(p, greedy(40))) for p in prompts]
+        got = [_ids(on.generate(p, greedy(40))) for p in prompts]
         assert got == ref
-        _assert_clean(on)
-        _assert_clean(off)
+        assert_all_blocks_free(on)
+        assert_all_blocks_free(off)
     finally:
         on.stop()
         off.stop()
@@ -224,9 +199,9 @@ def test_window_pool_of_one_request_serves_a_long_generation(tiny):
     per_request = window_blocks_needed(W, BS, 16)
     eng = _engine(tiny, max_seqs=1, window_num_blocks=per_request)
     try:
-        out = _ids(eng.generate(list(range(5, 35)), _params(50)))
+        out = _ids(eng.generate(list(range(5, 35)), greedy(50)))
         assert len(out) == 50 and eng.stats().preemptions == 0
-        _assert_clean(eng)
+        assert_all_blocks_free(eng)
     finally:
         eng.stop()
     with pytest.raises(ValueError, match="cannot hold one request"):
@@ -234,30 +209,30 @@ def test_window_pool_of_one_request_serves_a_long_generation(tiny):
 
 
 def test_preemption_with_freeing_gives_identical_outputs(tiny):
-    prompts = _prompts(tiny[0].vocab_size, 6, seed=1)
+    prompts = random_prompts(tiny[0].vocab_size, 6, seed=1)
     big = _engine(tiny, free_window_blocks=False)
     small = _engine(tiny, num_blocks=24)  # 96 full-attention slots for 6 x (<= 40 + 20)
     try:
-        ref = [_ids(big.generate(p, _params(20))) for p in prompts]
-        got = [_ids(list(s)) for s in [small.add_request(p, _params(20)) for p in prompts]]
+        ref = [_ids(big.generate(p, greedy(20))) for p in prompts]
+        got = [_ids(list(s)) for s in [small.add_request(p, greedy(20)) for p in prompts]]
         assert got == ref
         assert small.stats().preemptions > 0
-        _assert_clean(small)
+        assert_all_blocks_free(small)
     finally:
         big.stop()
         small.stop()
 
 
 def test_sixteen_mixed_requests_batched_equal_alone_with_freeing(tiny):
-    prompts = _prompts(tiny[0].vocab_size, 16, seed=0)
+    prompts = random_prompts(tiny[0].vocab_size, 16, seed=0)
     eng = _engine(tiny)
     try:
-        alone = [_ids(eng.generate(p, _params(12))) for p in prompts]
-        together = [_ids(list(s)) for s in [eng.add_request(p, _params(12)) for p in prompts]]
+        alone = [_ids(eng.generate(p, greedy(12))) for p in prompts]
+        together = [_ids(list(s)) for s in [eng.add_request(p, greedy(12)) for p in prompts]]
         assert together == alone
         # 256 full-attention blocks hold all 16; the window pool (60 blocks) is sized never to run short
         assert eng.stats().preemptions == 0 and eng.stats().window_blocks_total == 60
-        _assert_clean(eng)
+        assert_all_blocks_free(eng)
     finally:
         eng.stop()
 
@@ -266,12 +241,12 @@ def test_prefix_hit_with_freed_window_blocks_same_output(tiny):
     eng = _engine(tiny)
     try:
         prompt = list(range(5, 42))  # 37 tokens: 9 full blocks, most out of the window when done
-        a = _ids(eng.generate(prompt, _params(6)))
+        a = _ids(eng.generate(prompt, greedy(6)))
         hits0 = eng.kv.prefix_hits
-        b = _ids(eng.generate(prompt, _params(6)))
+        b = _ids(eng.generate(prompt, greedy(6)))
         assert eng.kv.prefix_hits - hits0 == 36
         assert a == b
-        _assert_clean(eng)
+        assert_all_blocks_free(eng)
     finally:
         eng.stop()
 
@@ -281,7 +256,7 @@ def test_stats_and_metrics_report_both_pools(tiny):
 
     eng = _engine(tiny, max_seqs=2)
     try:
-        eng.generate(list(range(5, 30)), _params(4))
+        eng.generate(list(range(5, 30)), greedy(4))
         st = eng.stats()
         assert (st.blocks_total, st.window_blocks_total) == (256, window_blocks_needed(W, BS, 16, 2))
         assert st.window_blocks_cached_free == st.blocks_cached_free == 7  # 28 computed tokens
