@@ -116,6 +116,48 @@ def _heap_pop(h_score, h_left, h_right, h_size, n):
 
 
 @nb.njit(cache=True, nogil=True)
+def _split_chars(buf, s, e, sym_start, sym_n, sym_prev, sym_next):
+    """One symbol per UTF-8 character of buf[s:e] (lead-byte length, cut at e), linked in order;
+    returns the number of symbols."""
+    n_sym = 0
+    off = s
+    while off < e:
+        hb = buf[off] >> 4
+        ln = 1 if hb < 12 else (2 if hb < 14 else (3 if hb == 14 else 4))
+        ln = min(ln, e - off)
+        sym_start[n_sym] = off
+        sym_n[n_sym] = ln
+        sym_prev[n_sym] = n_sym - 1
+        off += ln
+        sym_next[n_sym] = n_sym + 1 if off < e else -1
+        n_sym += 1
+    return n_sym
+
+
+@nb.njit(cache=True, nogil=True)
+def _emit_symbols(buf, sym_start, sym_n, sym_next, tok_bytes, tok_off, table, byte_tok, unk_id, out, n_out):
+    """Each symbol's token, else its bytes' fallback tokens (else unk_id), from out[n_out]; returns
+    the new count, or -(1 + byte) for a byte with neither."""
+    i = 0
+    while i != -1:
+        tid = lookup(buf, sym_start[i], sym_n[i], tok_bytes, tok_off, table)
+        if tid >= 0:
+            out[n_out] = tid
+            n_out += 1
+        else:
+            for k in range(sym_start[i], sym_start[i] + sym_n[i]):
+                b = byte_tok[buf[k]]
+                if b < 0:
+                    if unk_id < 0:
+                        return -(1 + np.int64(buf[k]))
+                    b = unk_id
+                out[n_out] = b
+                n_out += 1
+        i = sym_next[i]
+    return n_out
+
+
+@nb.njit(cache=True, nogil=True)
 def encode_fragments(buf, frag_start, frag_end, frag_tok, tok_bytes, tok_off, table, scores, byte_tok, unk_id, out):
     """Tokenizes fragments of `buf` into `out`; returns the count, or -(1 + byte) when a byte has
     no fallback token and there is no unknown token.
@@ -144,19 +186,8 @@ def encode_fragments(buf, frag_start, frag_end, frag_tok, tok_bytes, tok_off, ta
         s, e = frag_start[f], frag_end[f]
         if e <= s:
             continue
-        # one symbol per UTF-8 character (lead-byte length, cut at the fragment end)
-        n_sym = 0
-        off = s
-        while off < e:
-            hb = buf[off] >> 4
-            ln = 1 if hb < 12 else (2 if hb < 14 else (3 if hb == 14 else 4))
-            ln = min(ln, e - off)
-            sym_start[n_sym] = off
-            sym_n[n_sym] = ln
-            sym_prev[n_sym] = n_sym - 1
-            off += ln
-            sym_next[n_sym] = n_sym + 1 if off < e else -1
-            n_sym += 1
+        n_sym = _split_chars(buf, s, e, sym_start, sym_n, sym_prev, sym_next)
+        # merge adjacent symbols best score first (SentencePiece BPE) until no pair is a token
         n_heap = 0
         for i in range(1, n_sym):
             ln = sym_n[i - 1] + sym_n[i]
@@ -174,34 +205,16 @@ def encode_fragments(buf, frag_start, frag_end, frag_tok, tok_bytes, tok_off, ta
             sym_next[left] = sym_next[right]
             if sym_next[right] >= 0:
                 sym_prev[sym_next[right]] = left
-            p = sym_prev[left]
-            if p >= 0:
-                ln = sym_n[p] + sym_n[left]
-                tid = lookup(buf, sym_start[p], ln, tok_bytes, tok_off, table)
-                if tid >= 0:
-                    n_heap = _heap_push(h_score, h_left, h_right, h_size, n_heap, scores[tid], p, left, ln)
-            nx = sym_next[left]
-            if nx >= 0:
-                ln = sym_n[left] + sym_n[nx]
-                tid = lookup(buf, sym_start[left], ln, tok_bytes, tok_off, table)
-                if tid >= 0:
-                    n_heap = _heap_push(h_score, h_left, h_right, h_size, n_heap, scores[tid], left, nx, ln)
-        i = 0
-        while i != -1:
-            tid = lookup(buf, sym_start[i], sym_n[i], tok_bytes, tok_off, table)
-            if tid >= 0:
-                out[n_out] = tid
-                n_out += 1
-            else:
-                for k in range(sym_start[i], sym_start[i] + sym_n[i]):
-                    b = byte_tok[buf[k]]
-                    if b < 0:
-                        if unk_id < 0:
-                            return -(1 + np.int64(buf[k]))
-                        b = unk_id
-                    out[n_out] = b
-                    n_out += 1
-            i = sym_next[i]
+            for a, b in ((sym_prev[left], left), (left, sym_next[left])):  # the new pairs either side
+                if a >= 0 and b >= 0:
+                    ln = sym_n[a] + sym_n[b]
+                    tid = lookup(buf, sym_start[a], ln, tok_bytes, tok_off, table)
+                    if tid >= 0:
+                        n_heap = _heap_push(h_score, h_left, h_right, h_size, n_heap, scores[tid], a, b, ln)
+        n_out = _emit_symbols(buf, sym_start, sym_n, sym_next, tok_bytes, tok_off, table, byte_tok, unk_id,
+                              out, n_out)
+        if n_out < 0:
+            return n_out
     return n_out
 
 
