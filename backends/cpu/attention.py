@@ -3,9 +3,9 @@
 Work is split into items (token, kv head, key chunk): each item reads its K/V rows once for all
 query heads sharing that kv head (GQA), computes exact scores for its chunk, and keeps (max, sum,
 weighted V) so chunks of one token combine exactly (flash-decoding). A single decode gets several
-chunks so both cores stream the context. Chunks are a fixed number of keys, so results never
-depend on the batch a token shares (batch invariance). The 4 x 4 register tiles that score keys
-and weigh V rows are in attention_tiles.py.
+chunks so every core streams part of the context. Chunks are a fixed number of keys, so results
+never depend on the batch a token shares (batch invariance). The 4 x 4 register tiles that score
+keys and weigh V rows are in attention_tiles.py.
 """
 
 import math

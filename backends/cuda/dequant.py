@@ -2,15 +2,15 @@
 
 A row's weights are w_e = s · u_e + c with u_e an unsigned integer and (s, c) float32 per block
 of 32 (per half-block of 16 for Q2_K, Q3_K, Q6_K), exactly the (u, s, c) the CPU kernels fold
-(backends/cpu/matmul_legacy.py, kquant_simd.py):
+(backends/cpu/legacy_blocks.py, kquant_unpack.py):
 
     load4(w, r, b, g) -> (u0, u1, u2, u3)   int32 weights 4g .. 4g+3 of 32-block b of row r
     scales(w, r, b, h) -> (s, c)            float32 scale and bias of 32-block b (its half h for
                                             the per-16 types; h is ignored otherwise)
 
 w is the uint8 [m, row_bytes] device matrix of raw blocks; b counts 32-element blocks from the
-start of the row (a 256-element superblock holds eight). FAMILY tells the matmul which per-block
-float formula the CPU kernel uses for the type (see matmul.py).
+start of the row (a 256-element superblock holds eight). DECODERS maps each type to its
+(load4, scales, family); the family picks the matmul's per-block float formula (matmul_int.py).
 """
 
 import math

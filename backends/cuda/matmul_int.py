@@ -2,19 +2,21 @@
 
 Weights decode through dequant.py's (load4, scales) as w = s·u + c; activations arrive quantized
 by act_quant.py (int8 per 32 with scale xd and int32 sum xs, as on the CPU). Each block dot is
-exact int32 and turns into float with the CPU kernel's per-block formula for the type's family:
+exact int32 and turns into float with a per-block formula for the type's family:
 
-    LEGACY (32-blocks, (d, c)):  xd · (d · S + c · xs)                         (matmul_legacy.py)
-    K32 (per-32 scale, bias):    S · (xd · s) + c · (xd · xs)                   (tile_dot_s32_b32)
+    LEGACY (32-blocks, (d, c)):  xd · (d · S + c · xs)                  (cpu/legacy_blocks.py)
+    K32 (per-32 scale, bias):    S · (xd · s) + c · (xd · xs)           (cpu/kquant_gemm_tile.py "s32")
     K16 (per-16):                (lo · (xd · s0) + hi · (xd · s1)) + (c0 · (xd · X0) + c1 · (xd · X1))
                                  with lo / hi and X0 / X1 the dots and activation sums of each half.
 
-Only the order in which block terms are summed differs from the CPU.
+LEGACY, K32 and Q2_K's K16 are the CPU kernels' formulas; for Q3_K and Q6_K the CPU folds c into
+the integer dot ("s16i"), which rounds differently. Otherwise the order in which block terms are
+summed (and the device's fused multiply-adds) differ from the CPU.
 
 Thread layouts are in matmul_layout.py. mat-vec (n <= MV_MAX_N): one warp per output row; 8 lanes
 share a 32-block (4 consecutive weights each, so a warp reads 4 blocks' bytes together), decode
-them once into registers and dot them with every token; the lanes' int32 partial dots are summed exactly within the block (or
-half-block) by shuffles, the float terms per token across the warp.
+them once into registers and dot them with every token; the lanes' int32 partial dots are summed
+exactly within the block (or half-block) by shuffles, the float terms per token across the warp.
 tiled (n > MV_MAX_N): a thread block per TILE_ROWS rows × TILE_TOKENS tokens; each stage of
 STAGE_BLOCKS 32-blocks is decoded once into shared memory (weights u8, activations i8, scales) and
 used by every (row, token) of the tile.
@@ -52,7 +54,8 @@ def _kquant_term(S, X, dx, s, c):
 @cuda.jit(device=True, inline=True)
 def _k16_term(lo, hi, X0, X1, dx, s0, s1, c0, c1):
     """A K16 block's float term from its two halves, summed in the CPU kernel's order."""
-    return (float32(lo) * (dx * s0) + float32(hi) * (dx * s1)) + (c0 * (dx * float32(X0)) + c1 * (dx * float32(X1)))
+    scaled = float32(lo) * (dx * s0) + float32(hi) * (dx * s1)
+    return scaled + (c0 * (dx * float32(X0)) + c1 * (dx * float32(X1)))
 
 
 def make_int_kernels(load4, scales, family):

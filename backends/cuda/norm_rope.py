@@ -130,7 +130,7 @@ def rope(x, positions, p: RopeParams, out=None):
     per = dim // 2 + (hd - dim)
     if n:
         blocks, threads = launch_1d(n * per, 128)
-        _rope_rows[blocks, threads](x, positions, np.int32(dim), np.int32(1 if p.neox else 0),
-                                    _rope.rope_theta_scale(dim, p.freq_base), np.float32(p.freq_scale), factors,
-                                    out)
+        theta_scale = _rope.rope_theta_scale(dim, p.freq_base)
+        _rope_rows[blocks, threads](x, positions, np.int32(dim), np.int32(1 if p.neox else 0), theta_scale,
+                                    np.float32(p.freq_scale), factors, out)
     return out

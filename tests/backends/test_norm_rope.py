@@ -105,3 +105,29 @@ def test_rope_rejects_bad_params():
         rope(x, pos, RopeParams(16, 10000.0, True, freq_factors=np.ones(3, np.float32)))
     with pytest.raises(ValueError, match="positions"):
         rope(x, pos[:1], RopeParams(16, 10000.0, True))
+
+
+def test_rope_theta_scale_rounds_as_llamacpp_powf():
+    from edged.backends.rope import rope_theta_scale
+
+    # powf(base, -2.0f / n_dims) in float32: the exponent is rounded to float32 before the power
+    for dim, base in ((128, 10000.0), (64, 500000.0), (80, 1e6)):
+        want = np.float32(np.float32(base) ** np.float64(np.float32(-2.0) / np.float32(dim)))
+        assert rope_theta_scale(dim, base) == want
+
+
+def test_cuda_backend_imports_nothing_of_the_cpu_backend():
+    """Shared math lives in edged.backends (base.py, rope.py); backends/cuda never reaches into cpu."""
+    import ast
+    from pathlib import Path
+
+    import edged.backends
+
+    cuda_dir = Path(edged.backends.__path__[0]) / "cuda"
+    for path in sorted(cuda_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            bad = [n for n in names if n.startswith("edged.backends.cpu")]
+            assert not bad, f"{path.name} imports {bad}"
