@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .calls import RawCall, Scan, ToolCall, openai_call_id
-from .jsonscan import BAD, DONE, NOT_CALL, PARTIAL, Block, partial_suffix
+from .jsonscan import DONE, NOT_CALL, PARTIAL, Block, partial_suffix
 
 
 class ToolFormat:
@@ -74,5 +74,3 @@ def block_status_done(block: Block, final: bool) -> Block:
     """A call whose closing text has not arrived: PARTIAL while streaming, accepted when final."""
     return Block(DONE, block.calls, block.end) if final else Block(PARTIAL, block.calls)
 
-
-__all__ = ["ToolFormat", "Block", "DONE", "PARTIAL", "NOT_CALL", "BAD", "block_status_done"]

@@ -9,9 +9,9 @@ import json
 import re
 
 from .base import ToolFormat
-from .constraint import ConstraintSpec, TokenRef, Trigger, any_of, call_schema, literal
-from .jsonscan import BAD, DONE, NOT_CALL, PARTIAL, Block, match_call_object, skip_ws
 from .calls import RawCall
+from .constraint import ConstraintSpec, TokenRef, Trigger, any_of, call_schema
+from .jsonscan import BAD, DONE, PARTIAL, Block, match_call_object, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 _ARGS_KEYS = ("parameters", "arguments")
@@ -72,5 +72,3 @@ def _python_tag_call(body: str, names) -> RawCall | None:
             return RawCall(tool, json.dumps({"code": body}, ensure_ascii=False))
     return None
 
-
-__all__ = ["Llama3Format", "PYTHON_TAG", "BAD", "NOT_CALL"]

@@ -75,10 +75,10 @@ def _args_form_call(text: str, i: int, names) -> Block:
     if j < len(text) and text.startswith(CALL_ID, j):
         idm = _NAME.match(text, j + len(CALL_ID))
         j = idm.end() if idm else j + len(CALL_ID)
-    rest = text[j:j + len(ARGS)]
-    if len(rest) < len(ARGS) and (ARGS.startswith(rest) or CALL_ID.startswith(rest)):
+    tail = text[j:]
+    if any(len(tail) < len(tag) and tag.startswith(tail) for tag in (ARGS, CALL_ID)):
         return Block(PARTIAL)
-    if rest != ARGS or (names is not None and name not in names):
+    if not tail.startswith(ARGS) or (names is not None and name not in names):
         return Block(NOT_CALL)
     k = skip_ws(text, j + len(ARGS))
     end = value_end(text, k)
