@@ -69,6 +69,14 @@ def _u8(w, r, o):
 
 
 @cuda.jit(device=True, inline=True)
+def _offset_scales(w, r, o, zero):
+    """(s, c) = (d, zero · d) for the fp16 scale d at byte o: w = d · (u + zero) for the types
+    without a stored bias (Q4_0, Q5_0, Q8_0, IQ4_NL), whose unsigned quants u center on -zero."""
+    d = f16_at(w, r, o)
+    return d, float32(zero) * d
+
+
+@cuda.jit(device=True, inline=True)
 def q8_0_load4(w, r, b, g):
     o = b * 34 + 2 + 4 * g  # int8 q read as q ^ 0x80 = q + 128
     return _u8(w, r, o) ^ 128, _u8(w, r, o + 1) ^ 128, _u8(w, r, o + 2) ^ 128, _u8(w, r, o + 3) ^ 128
@@ -76,8 +84,7 @@ def q8_0_load4(w, r, b, g):
 
 @cuda.jit(device=True, inline=True)
 def q8_0_scales(w, r, b, h):
-    d = f16_at(w, r, b * 34)
-    return d, float32(-128.0) * d
+    return _offset_scales(w, r, b * 34, -128.0)
 
 
 @cuda.jit(device=True, inline=True)
@@ -102,8 +109,7 @@ def q4_0_load4(w, r, b, g):
 
 @cuda.jit(device=True, inline=True)
 def q4_0_scales(w, r, b, h):
-    d = f16_at(w, r, b * 18)
-    return d, float32(-8.0) * d
+    return _offset_scales(w, r, b * 18, -8.0)
 
 
 @cuda.jit(device=True, inline=True)
@@ -132,8 +138,7 @@ def q5_0_load4(w, r, b, g):
 
 @cuda.jit(device=True, inline=True)
 def q5_0_scales(w, r, b, h):
-    d = f16_at(w, r, b * 22)
-    return d, float32(-16.0) * d
+    return _offset_scales(w, r, b * 22, -16.0)
 
 
 @cuda.jit(device=True, inline=True)
@@ -155,8 +160,7 @@ def iq4_nl_load4(w, r, b, g):
 
 @cuda.jit(device=True, inline=True)
 def iq4_nl_scales(w, r, b, h):
-    d = f16_at(w, r, b * 18)
-    return d, float32(-128.0) * d
+    return _offset_scales(w, r, b * 18, -128.0)
 
 
 # ------------------------------------------------------------------ K-quants (256-element superblocks)
