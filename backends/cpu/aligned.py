@@ -1,8 +1,8 @@
 """64-byte-aligned scratch arrays for the SIMD kernels.
 
 Numba's np.empty aligns to 32 bytes only, so a 512-bit load from such a buffer straddles two cache
-lines half the time, depending on where the allocator put it: a kernel's speed then changed by up
-to ~25% from one process to the next. Every buffer read with 64-byte vector loads comes from here.
+lines half the time, depending on where the allocator put it: a kernel's speed then changed from
+one process to the next. Every buffer read with 64-byte vector loads comes from here.
 """
 
 import numba as nb

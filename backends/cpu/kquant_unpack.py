@@ -7,6 +7,8 @@ that the activations are permuted alike for (kquant_gemv.interleave_blocks). TYP
 kind, what kquant_decode (gemm rows) and kquant_gemv need.
 """
 
+from functools import partial
+
 from llvmlite import ir
 
 from edged.backends.cpu import vector_ir as vir
@@ -87,14 +89,6 @@ def _q4k_nibbles(builder, bp, j, q5):
     return v
 
 
-def _q4k_quants(builder, bp, j):
-    return _q4k_nibbles(builder, bp, j, False)
-
-
-def _q5k_quants(builder, bp, j):
-    return _q4k_nibbles(builder, bp, j, True)
-
-
 def _iq4xs_quants(builder, bp, j):
     """64 unsigned weights (codebook level + 128) of 32-blocks 2j, 2j+1: block b's 16 bytes
     qs[16b : 16b+16] give elements 0-15 (low nibbles) then 16-31 (high nibbles)."""
@@ -136,14 +130,6 @@ def _q4k_il(builder, bp, j, q5):
         qh = _lshr8(builder, qh, [4 * h + i for i in range(4) for _ in range(8)])
         v = builder.or_(v, _shl8(builder, builder.and_(qh, const(V64I8, 0x01)), [4] * 32))
     return v
-
-
-def _q4k_quants_il(builder, bp, j):
-    return _q4k_il(builder, bp, j, False)
-
-
-def _q5k_quants_il(builder, bp, j):
-    return _q4k_il(builder, bp, j, True)
 
 
 def _iq4xs_quants_il(builder, bp, j):
@@ -234,8 +220,8 @@ def _q2k_scales(builder, bp):
 # and biases; "s16" per-16 scales and biases; "s16i" per-16 scales with c = -B·s folded into the
 # integer dots (Q6_K B = 32, Q3_K B = 4).
 TYPES = {
-    KIND_Q4K: (Q4K_BYTES, _q4k_quants_il, _q4k_quants, _q4k_scales, "s32"),
-    KIND_Q5K: (Q5K_BYTES, _q5k_quants_il, _q5k_quants, _q4k_scales, "s32"),
+    KIND_Q4K: (Q4K_BYTES, partial(_q4k_il, q5=False), partial(_q4k_nibbles, q5=False), _q4k_scales, "s32"),
+    KIND_Q5K: (Q5K_BYTES, partial(_q4k_il, q5=True), partial(_q4k_nibbles, q5=True), _q4k_scales, "s32"),
     KIND_IQ4XS: (IQ4XS_BYTES, _iq4xs_quants_il, _iq4xs_quants, _iq4xs_scales, "s32"),
     KIND_Q6K: (Q6K_BYTES, _q6k_quants, _q6k_quants, _q6k_scales, "s16i"),
     KIND_Q3K: (Q3K_BYTES, _q3k_quants, _q3k_quants, _q3k_scales, "s16i"),

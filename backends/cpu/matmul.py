@@ -32,7 +32,7 @@ from edged.backends.cpu import matmul_float, matmul_kquants, matmul_legacy
 
 # n at or below which gemv is used unless the kernel module sets its own: gemv reads each row once
 # for all n tokens but costs a full block dot per token, while gemm pays a 16-token tile whatever
-# n is; measured crossover n = 4 (the legacy types' gemv stays ahead up to 24).
+# n is; the measured crossover is n = 4 (the legacy types' gemv stays ahead up to 24).
 GEMV_MAX_N = 4
 
 
@@ -77,7 +77,7 @@ def gemv_max_n(qtype) -> int:
 
 
 # qtype -> (gemv, gemm, takes q8_32 activations, gemv's largest n): one dict lookup per call
-# instead of enum conversions and trait lookups (~3 us of Python per call, ~10% of a small decode matmul)
+# instead of enum conversions and trait lookups (Python time a small decode matmul notices)
 _DISPATCH = {
     qtype: (*pair, traits(qtype).act_format == "q8_32", _GEMV_MAX_N[qtype]) for qtype, pair in _KERNELS.items()
 }

@@ -13,17 +13,13 @@ are summed by the fixed tree  s8[l] = a[l] + a[l+8],  s4[l] = s8[l] + s8[l+4],  
 s4[l+2],  s = s2[0] + s2[1].  No fast-math flags: LLVM may not reorder any of it, so every tile
 shape (R, T), hence every batch size, gives the same bits for the same (row, token).
 
-Tile shapes (measured, one thread, 640 x 2048): n = 1: 8 rows x 1 token (bandwidth-bound);
-n = 2: 8 x 2; n = 3, 4: 4 x 4; n >= 5: 4 x 6 (24 accumulators + 4 weight vectors of the 32
-AVX-512 registers, 10 loads per 24 FMAs), the last n % 6 tokens by the small shapes. Rows past the
+Tile shapes (chosen by measurement, docs/kernels.md): n = 1: 8 rows x 1 token; n = 2: 8 x 2;
+n = 3, 4: 4 x 4; n >= 5: 4 x 6 (24 accumulators + 4 weight vectors of the 32 AVX-512 registers),
+the last n % 6 tokens by the small shapes. Rows past the
 end are clamped to the last row and tokens to the last token: such a tile computes the last
 row/token again (same order, same bits) and stores the same value to the same place, so partial
 tiles need no extra compiled shapes. Weights are exact in float32 (F16 via vcvtph2ps, or integer
 ops on hosts without F16C, which tests select by setting USE_F16C = False).
-
-The tile lives in this file, not a helper module, on purpose: Numba's on-disk cache checks only
-the hash of the kernel's own source file, so a kernel cached from another module's intrinsic
-would go stale when that module changed.
 """
 
 import llvmlite.binding as llvm
@@ -130,6 +126,16 @@ def _reduce(builder, accs):
     return [builder.extract_element(vecs[q // LANES], ir.Constant(_I32, q % LANES)) for q in range(len(accs))]
 
 
+def _tile_args_ok(kind, R, TK, w, x, y, r0, t0, pf):
+    lit = lambda a: isinstance(a, types.IntegerLiteral)  # noqa: E731
+    c2 = lambda a, dt: isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt and a.layout == "C"  # noqa: E731
+    return (lit(kind) and kind.literal_value in (F32, F16, BF16) and lit(R) and lit(TK)
+            and 1 <= R.literal_value and 1 <= TK.literal_value and R.literal_value * TK.literal_value <= 32
+            and c2(w, types.uint8) and c2(x, types.float32) and c2(y, types.float32)
+            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+            and (isinstance(pf, types.IntegerLiteral) and pf.literal_value == -1 or isinstance(pf, types.Integer)))
+
+
 @intrinsic
 def tile_dot(typingctx, kind, R, TK, w, x, y, r0, t0, pf):
     """y[t, r] = W[r] · x[t] (canonical order) for rows r0 .. r0+R-1 and tokens t0 .. t0+TK-1, rows
@@ -137,14 +143,7 @@ def tile_dot(typingctx, kind, R, TK, w, x, y, r0, t0, pf):
     [m, row_bytes] C-contiguous; x float32 [n, k] and y float32 [n, m] C-contiguous; r0 < m,
     t0 < n (not checked). pf: -1, or a row whose R rows (clamped) are prefetched alongside (one
     cache line per row per 16-element step), so the next strip streams in during this one."""
-    lit = lambda a: isinstance(a, types.IntegerLiteral)  # noqa: E731
-    c2 = lambda a, dt: isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt and a.layout == "C"  # noqa: E731
-    ok = (lit(kind) and kind.literal_value in (F32, F16, BF16) and lit(R) and lit(TK)
-          and 1 <= R.literal_value and 1 <= TK.literal_value and R.literal_value * TK.literal_value <= 32
-          and c2(w, types.uint8) and c2(x, types.float32) and c2(y, types.float32)
-          and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
-          and (isinstance(pf, types.IntegerLiteral) and pf.literal_value == -1 or isinstance(pf, types.Integer)))
-    if not ok:
+    if not _tile_args_ok(kind, R, TK, w, x, y, r0, t0, pf):
         return None
     kv, nr, nt = kind.literal_value, R.literal_value, TK.literal_value
     prefetch = not (isinstance(pf, types.IntegerLiteral) and pf.literal_value == -1)
@@ -275,8 +274,8 @@ def _matmul_body(kind, w, x, y):
             b6 = b0 + (b1 - b0) // 6 * 6
             for r8 in range(r_lo, r_hi, 8):
                 for t0 in range(b0, b6, 6):
-                    # first pass over the strip: fetch the next one (F16/BF16 only: 5-15% faster
-                    # at 8192 x 2048 from DRAM; for F32 a line per row per step cost more than it saved)
+                    # first pass over the strip: fetch the next one (F16/BF16 only: for F32 a line
+                    # per row per step cost more than it saved; docs/kernels.md)
                     if kind != F32 and t0 == 0 and r8 + 8 < r_hi:
                         tile_dot(kind, 4, 6, w, x, y, r8, t0, r8 + 8)
                         tile_dot(kind, 4, 6, w, x, y, r8 + 4, t0, r8 + 12)

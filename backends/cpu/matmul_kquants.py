@@ -8,8 +8,7 @@ w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
 - gemv (n <= matmul.GEMV_MAX_N): kquant_gemv.rows_dot per pair of rows and group of up to 4
-  tokens: each superblock is unpacked once in registers for all the group's tokens (n = 2 / 4
-  cost ~1.4x / ~2x n = 1 on Q4_K, not 2x / 4x).
+  tokens: each superblock is unpacked once in registers for all the group's tokens.
 - gemm (larger n): rows decoded once by kquant_decode.decode_row into (u, s, c), then
   kquant_gemm_tile.tile_dot per 4 rows × 16-token tile (8-token tiles when a pass has at most 8
   tokens).
@@ -36,7 +35,7 @@ QK_K = 256  # elements per superblock
 GEMV_ROWS = 16  # rows per prange task in the gemv kernels
 GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied together per tile
 # prange steps of the gemm row loop; each allocates its scratch once (a fixed count: asking for the
-# thread count in a kernel defeats Numba's on-disk cache; 64 tasks' allocations cost ~12 us a call)
+# thread count in a kernel defeats Numba's on-disk cache; more tasks cost allocations: docs/kernels.md)
 _GEMM_TASKS = 16
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
@@ -148,7 +147,7 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
     xi4 = xi.view(np.int32)  # [ntile, k/32 · 8·tw]
     xbi = xbt.view(np.int32)  # int bias terms (ib > 0)
     # one task per (tile, block), all tw tokens: a 64-byte line holds 16 tokens' words, so tasks
-    # split by token would share every line between threads (~8x slower at 2 threads, n = 16)
+    # split by token would share every line between threads (much slower: docs/kernels.md)
     for it in nb.prange(ntile * nblk):
         tile = it // nblk
         b = it % nblk
@@ -220,8 +219,8 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
 @nb.njit(cache=True, nogil=True)
 def _gemm(kind, w, xq, xd, xs, y):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
-    at most 8 tokens uses 8-token tiles (ymm lanes: ~0.9x the time of a 16-token tile on Zen 5,
-    where ymm and zmm vpdpbusd issue at the same rate)."""
+    at most 8 tokens uses 8-token tiles (ymm lanes: faster than a half-empty 16-token tile where ymm
+    and zmm vpdpbusd issue at the same rate; docs/kernels.md)."""
     n, k = xq.shape
     nblk = k // 32
     bias16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K

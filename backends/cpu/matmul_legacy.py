@@ -18,7 +18,11 @@ per-block scales and sums), then legacy_gemm_tile.row_tile_dot_raw8 multiplies e
 by every tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no
 per-token horizontal sums.
 
-IQ4_NL's codebook lookup is a vpshufb in the same in-register decoder (legacy_blocks.LAYOUTS kind 5).
+Blocks (legacy_blocks.LAYOUTS): Q8_0 fp16 d, 32 int8 q, w = d·q (read as q ^ 0x80 = q + 128, fixed
+by -128·Σx); Q4_0 fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31), w = d·(q - 8);
+Q4_1 fp16 d, fp16 min m, nibbles, w = d·q + m; Q5_0 fp16 d, 4 bytes of fifth bits, nibbles,
+w = d·(q - 16); Q5_1 fp16 d, fp16 m, fifth bits, nibbles, w = d·q + m; IQ4_NL fp16 d, nibbles
+indexing a 16-value codebook, w = d·value (the lookup a vpshufb in the same in-register decoder).
 
 Every kernel adds the per-block float terms in legacy_blocks' canonical 8-lane order, so a token's
 output is bit-identical whichever kernel its batch size selects (batch invariance).
@@ -38,17 +42,16 @@ QK = 32
 # block kinds (legacy_blocks.LAYOUTS keys)
 KIND = {T.Q8_0: 0, T.Q4_0: 1, T.Q4_1: 2, T.Q5_0: 3, T.Q5_1: 4, T.IQ4_NL: 5}
 
-# Up to this many tokens the gemv beats the 16-token-tile gemm (measured on Zen 4, 640-wide rows:
-# gemv 0.9x gemm at n=16, 0.8x at n=24, 1.15x at n=32), so matmul.py picks gemv up to here for
-# these types (bit-identical either way).
+# Up to this many tokens the gemv beats the 16-token-tile gemm (docs/kernels.md), so matmul.py
+# picks gemv up to here for these types (bit-identical either way).
 GEMV_MAX_N = 24
 
 
 # ---------------------------------------------------------------- gemv: fused decode + block dot
 
 
-# prange steps per call, each allocating its scratch once: at 16 rows a step, the allocations cost
-# ~8% of a small n = 1 call (2048 x 640 Q5_0)
+# prange steps per call, each allocating its scratch once: smaller steps' allocations cost a
+# small n = 1 call measurably (docs/kernels.md)
 GEMV_TASKS = 32
 
 
@@ -67,41 +70,16 @@ def _gemv_raw(w, xq, xd, xs, y, kind):
             rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def gemv_q8_0(w, xq, xd, xs, y):
-    """Q8_0 block: fp16 d, 32 int8 q; w = d·q (read as q ^ 0x80 = q + 128, fixed by -128·Σx)."""
-    _gemv_raw(w, xq, xd, xs, y, 0)
+def _make_gemv(qtype):
+    """The gemv of one type: its own compiled kernel, as rows_dot8 specializes on the layout (the
+    closure's `kind` is a compile-time constant; Numba's cache keys on it)."""
+    kind = KIND[qtype]
 
+    def gemv(w, xq, xd, xs, y):
+        _gemv_raw(w, xq, xd, xs, y, kind)
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def gemv_q4_0(w, xq, xd, xs, y):
-    """Q4_0 block: fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31); w = d·(q - 8)."""
-    _gemv_raw(w, xq, xd, xs, y, 1)
-
-
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def gemv_q4_1(w, xq, xd, xs, y):
-    """Q4_1 block: fp16 d, fp16 min m, 16 bytes of nibbles; w = d·q + m."""
-    _gemv_raw(w, xq, xd, xs, y, 2)
-
-
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def gemv_q5_0(w, xq, xd, xs, y):
-    """Q5_0 block: fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·(q - 16)."""
-    _gemv_raw(w, xq, xd, xs, y, 3)
-
-
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def gemv_q5_1(w, xq, xd, xs, y):
-    """Q5_1 block: fp16 d, fp16 min m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d·q + m."""
-    _gemv_raw(w, xq, xd, xs, y, 4)
-
-
-
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def gemv_iq4_nl(w, xq, xd, xs, y):
-    """IQ4_NL block: fp16 d, 16 bytes of nibbles indexing a 16-value codebook; w = d·value."""
-    _gemv_raw(w, xq, xd, xs, y, 5)
+    gemv.__name__ = gemv.__qualname__ = f"gemv_{qtype.name.lower()}"  # its name in the cache and in errors
+    return nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)(gemv)
 
 
 # ---------------------------------------------------------------- gemm: decoded rows × token tiles
@@ -176,6 +154,4 @@ def gemm_legacy(w, xq, xd, xs, y, kind):
     _gemm(kind, w, xq, xd, xs, y)
 
 
-_GEMV = {T.Q4_0: gemv_q4_0, T.Q4_1: gemv_q4_1, T.Q5_0: gemv_q5_0, T.Q5_1: gemv_q5_1, T.Q8_0: gemv_q8_0,
-         T.IQ4_NL: gemv_iq4_nl}
-KERNELS = {qtype: (gemv, bind("gemm", qtype, gemm_legacy, np.int64(KIND[qtype]))) for qtype, gemv in _GEMV.items()}
+KERNELS = {qtype: (_make_gemv(qtype), bind("gemm", qtype, gemm_legacy, np.int64(kind))) for qtype, kind in KIND.items()}

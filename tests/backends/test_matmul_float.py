@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu import matmul_float
+from edged.backends.cpu import matmul_float, matmul_reference
 from edged.backends.cpu.matmul_float import F16, tile_dot
+from tests.backends.matmul_cases import activations, check_close_to_dequantized
 from tests.helpers.qdata import random_qtensor, reference_dequantize
 
 mm = sys.modules["edged.backends.cpu.matmul"]
@@ -26,22 +27,11 @@ MS = [7, 33]  # partial 8-row and 4-row tiles
 NS = [1, 2, 3, 4, 5, 17, 64]  # every gemv tile shape; gemm with 0, 5 and 4 leftover tokens
 
 
-def _x(n, k, seed):
-    return np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)  # [n, k]
-
 
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_matmul_matches_reference(qtype, k):
-    for m in MS:
-        w = random_qtensor(qtype, m, k, seed=k + m)
-        wf = reference_dequantize(w).astype(np.float64)  # [m, k]
-        for n in NS:
-            x = _x(n, k, n)
-            y = mm.matmul(w, x)
-            ref = x.astype(np.float64) @ wf.T
-            err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
-            assert err <= REL_BOUND[qtype], f"{qtype.name} m={m} k={k} n={n}: rel err {err:.2e}"
+    check_close_to_dequantized(mm.matmul, qtype, k, MS, NS, REL_BOUND[qtype])
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -51,7 +41,7 @@ def test_token_rows_identical_for_every_batch_size(qtype):
     m, k = 13, 100  # partial row tiles, partial last slice
     w = random_qtensor(qtype, m, k, seed=5)
     gemv, gemm = mm.kernels_for(qtype)
-    x = _x(19, k, 6)
+    x = activations(19, k, 6)
     alone = np.stack([mm.matmul(w, x[t : t + 1])[0] for t in range(x.shape[0])])  # [19, m]
     for n in list(range(1, 14)) + [16, 19]:
         for kern in (gemv, gemm):
@@ -70,7 +60,7 @@ def test_token_blocks_and_prefetched_strips_identical(qtype):
     m, k = 72, 12288
     assert matmul_float.X_BLOCK_BYTES // (4 * k) < 6  # one 6-token tile per block
     w = random_qtensor(qtype, m, k, seed=9)
-    x = _x(13, k, 10)
+    x = activations(13, k, 10)
     y = mm.matmul(w, x)
     for t in range(x.shape[0]):
         np.testing.assert_array_equal(y[t], mm.matmul(w, x[t : t + 1])[0], err_msg=f"token {t}")
@@ -78,33 +68,15 @@ def test_token_blocks_and_prefetched_strips_identical(qtype):
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) <= REL_BOUND[qtype]
 
 
-def _canonical(wf, x):
-    """y [n, m] in the canonical order of matmul_float (16 FMA lanes over k, zero-padded last
-    slice, fixed tree); FMA emulated in float64, exact here (products of float32 are exact)."""
-    m, k = wf.shape
-    n = x.shape[0]
-    kp = -(-k // 16) * 16
-    wp = np.zeros((m, kp), np.float64)
-    xp = np.zeros((n, kp), np.float64)
-    wp[:, :k], xp[:, :k] = wf, x
-    acc = np.zeros((n, m, 16), np.float32)
-    for j in range(0, kp, 16):
-        acc = (xp[:, None, j : j + 16] * wp[None, :, j : j + 16] + acc).astype(np.float32)
-    s8 = acc[..., :8] + acc[..., 8:]
-    s4 = s8[..., :4] + s8[..., 4:]
-    s2 = s4[..., :2] + s4[..., 2:]
-    return s2[..., 0] + s2[..., 1]
-
-
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_canonical_order_exact(qtype):
-    """The kernels' bits are those of the documented order (not just close to the product)."""
+    """The kernels' bits are those of the documented order (not just close to the product): the
+    plain reference of it, with an exactly rounded fma (more shapes: test_matmul_reference.py)."""
     m, k = 9, 100
     w = random_qtensor(qtype, m, k, seed=7)
-    wf = reference_dequantize(w)
     for n in (1, 7):
-        x = _x(n, k, 8)
-        np.testing.assert_array_equal(mm.matmul(w, x), _canonical(wf, x))
+        x = activations(n, k, 8)
+        np.testing.assert_array_equal(mm.matmul(w, x), matmul_reference.matmul_float_reference(w, x))
 
 
 def _tile_all(w, x, y):

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu import legacy_gemm_tile, legacy_gemv, matmul_legacy, vector_ir
+from edged.backends.cpu import legacy_gemm_tile, legacy_gemv, matmul_legacy, matmul_reference, vector_ir
 from edged.backends.cpu.act_quant import quantize_activations
+from tests.backends.matmul_cases import activations, check_close_to_dequantized, rel_err
 from tests.helpers.qdata import random_qtensor, reference_dequantize
 
 mm = sys.modules["edged.backends.cpu.matmul"]
@@ -25,26 +26,10 @@ MS = [7, 33]
 NS = [1, 3, 17, 64]
 
 
-def rel_err(y, ref):
-    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-
-
-def activations(n, k, seed):
-    return np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)  # [n, k]
-
-
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_matmul_matches_reference(qtype, k):
-    for m in MS:
-        w = random_qtensor(qtype, m, k, seed=k + m)
-        wf = reference_dequantize(w)  # [m, k]
-        for n in NS:
-            x = activations(n, k, seed=n)
-            y = mm.matmul(w, x)
-            assert y.shape == (n, m) and y.dtype == np.float32
-            err = rel_err(y, x @ wf.T)
-            assert err <= REL_BOUND[qtype], f"{qtype.name} m={m} k={k} n={n}: rel err {err:.2e}"
+    check_close_to_dequantized(mm.matmul, qtype, k, MS, NS, REL_BOUND[qtype])
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -78,21 +63,8 @@ def test_matmul_uses_gemv_up_to_its_threshold():
 
 
 def _canonical_q8_0(w, xq, xd, xs):
-    """float32 numpy model of the canonical order for Q8_0 (legacy_blocks.py): lane j sums the terms
-    T_b = xd_b·(d_b·s_b + c_b·xs_b) of blocks b ≡ j mod 8, then ((L0+L4)+(L2+L6))+((L1+L5)+(L3+L7))."""
-    m, k = w.shape
-    nblk = k // 32
-    blocks = w.rows().reshape(m, nblk, 34)
-    d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)  # [m, nblk]
-    u = (blocks[:, :, 2:].view(np.int8).astype(np.int64) + 128)  # [m, nblk, 32]
-    c = np.float32(-128.0) * d
-    s = np.einsum("mbj,nbj->nmb", u, xq.reshape(-1, nblk, 32).astype(np.int64)).astype(np.float32)  # [n, m, nblk]
-    t = xd[:, None, :] * (d[None] * s + c[None] * xs[:, None, :].astype(np.float32))  # float32 [n, m, nblk]
-    lanes = np.zeros(t.shape[:2] + (8,), np.float32)
-    for b in range(nblk):
-        lanes[:, :, b % 8] = lanes[:, :, b % 8] + t[:, :, b]
-    L = [lanes[:, :, j] for j in range(8)]
-    return ((L[0] + L[4]) + (L[2] + L[6])) + ((L[1] + L[5]) + (L[3] + L[7]))
+    """The canonical 8-lane float order, in float32 numpy (matmul_reference's legacy epilogue)."""
+    return matmul_reference.matmul_reference(w, None, qx=(xq, xd, xs))
 
 
 def test_canonical_order_exact():
@@ -150,12 +122,12 @@ def test_exact_on_integer_activations():
 
 @pytest.mark.skipif(not vector_ir.USE_VNNI, reason="host has no AVX-512 VNNI")
 @pytest.mark.skipif(not nb.config.SLP_VECTORIZE, reason="numba was imported before edged set SLP")
-@pytest.mark.parametrize("name", ["gemv_q8_0", "gemv_q4_0", "gemv_q5_0", "gemv_iq4_nl"])
-def test_gemv_emits_vnni(name):
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL], ids=lambda t: t.name)
+def test_gemv_emits_vnni(qtype):
     """The block dot must compile to vpdpbusd (5-6x faster); checked on a serial, uncached copy
     because a parallel kernel's loop body lives in a separate gufunc that inspect_asm omits."""
-    f = nb.njit(nogil=True, fastmath=False, cache=False)(getattr(matmul_legacy, name).py_func)
-    w = random_qtensor(getattr(T, name.split("_", 1)[1].upper()), 2, 64)
+    f = nb.njit(nogil=True, fastmath=False, cache=False)(matmul_legacy.KERNELS[qtype][0].py_func)
+    w = random_qtensor(qtype, 2, 64)
     qx = quantize_activations(activations(1, 64, 0))
     f(w.rows(), *qx, np.zeros((1, 2), np.float32))
     assert "vpdpbusd" in f.inspect_asm(f.signatures[0])
