@@ -1,5 +1,6 @@
 """Constrained-decoding costs on a model's vocabulary: LLTokenizer build, per-token mask time
-(fill_mask, p50/p99) over realistic generations under a JSON schema, a batch of 8 masks through
+(fill_mask, p50/p99) over realistic generations under a JSON schema (matchers from a
+MatcherCache, as the engine gets them), a batch of 8 masks through
 MaskComputer, and the logit-mask kernel on full rows. `run()` returns the figures as a dict.
 
 Two drivers per generation: fixed valid documents tokenized with the model's own tokenizer, and
@@ -83,9 +84,11 @@ def _timed_walk(m, tokens_fn, bitmask, max_steps: int) -> list[tuple[float, floa
 
 def _mask_times(lltok, encode, schema, n_sampled: int, seed: int) -> list[tuple[float, float]]:
     from edged.backends.cpu.logit_mask import apply_token_bitmask
-    from edged.structured import allocate_bitmask, new_matcher, schema_constraint
+    from edged.structured import MatcherCache, allocate_bitmask, schema_constraint
 
     c = schema_constraint(schema, "json_schema")
+    cache = MatcherCache(lltok)  # as the engine: compiled once, each generation a copy
+    new_matcher = lambda c, _lltok: cache.matcher(c)  # noqa: E731
     bm = allocate_bitmask(1, lltok.vocab_size)
     times: list[tuple[float, float]] = []
     for doc in BENCH_DOCS:
@@ -106,11 +109,12 @@ def _mask_times(lltok, encode, schema, n_sampled: int, seed: int) -> list[tuple[
 
 def _batch_times(lltok, encode, schema, batch: int) -> list[float]:
     """MaskComputer.compute for `batch` matchers at staggered positions of the same document."""
-    from edged.structured import MaskComputer, new_matcher, schema_constraint
+    from edged.structured import MaskComputer, MatcherCache, schema_constraint
 
     c = schema_constraint(schema, "json_schema")
     ids = encode(json.dumps(BENCH_DOCS[0], ensure_ascii=False))
-    ms = [new_matcher(c, lltok) for _ in range(batch)]
+    cache = MatcherCache(lltok)
+    ms = [cache.matcher(c) for _ in range(batch)]
     for k, m in enumerate(ms):  # spread over the document
         for t in ids[: k * len(ids) // (2 * batch)]:
             m.consume(t)

@@ -3,11 +3,13 @@ per-step allowed-token bitmasks applied to the logits before sampling.
 
     lltok = lltokenizer_for(tokenizer, n_vocab=logits_width)    # once per model, kept
     c = constraint_from_request(body)                          # ConstraintError(field, msg) -> 400
-    m = new_matcher(c, lltok) if c else None                   # compiles; ConstraintError too
+    m = cache.matcher(c) if c else None                        # MatcherCache(lltok): compiled once
+                                                               # per grammar; ConstraintError too
     fut = computer.submit(n_rows, [(row, m), ...])             # while the forward pass runs
     batch = fut.result(); batch.apply(logits); ...sample...; m.consume(token)
 """
 
+from edged.structured.cache import MatcherCache
 from edged.structured.errors import ConstraintError
 from edged.structured.forms import (
     Constraint,
@@ -29,5 +31,5 @@ __all__ = [
     "structured_outputs_constraint", "schema_constraint", "regex_constraint", "choice_constraint",
     "grammar_constraint", "json_schema_grammar", "WHITESPACE_PATTERN", "MAX_WHITESPACE_RUN",
     "GrammarMatcher", "new_matcher", "check_constraint", "DEFAULT_LIMITS", "MaskComputer", "MaskBatch",
-    "allocate_bitmask", "build_lltokenizer", "lltokenizer_for", "llg_token_bytes",
+    "allocate_bitmask", "MatcherCache", "build_lltokenizer", "lltokenizer_for", "llg_token_bytes",
 ]
