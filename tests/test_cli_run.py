@@ -9,6 +9,8 @@ from click.testing import CliRunner
 from edged.cli import main
 from tests.helpers.tiny_models import write_tiny_model
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

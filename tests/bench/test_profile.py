@@ -46,6 +46,7 @@ def test_profiler_counts_phases_and_detaches(tiny, clock):
         StepProfiler("cpu")
 
 
+@pytest.mark.e2e
 def test_cli_breakdown_reports_phases_per_level(tmp_path):
     import json
 

@@ -48,6 +48,7 @@ def test_prompts_share_prefix():
     assert words[0][8:] != words[1][8:]
 
 
+@pytest.mark.e2e
 def test_levels_report_exact_token_counts(live_url):
     res = bench_serve.run(live_url, (1, 3), requests=6, prompt_tokens=12, gen_tokens=5,
                           shared_prefix_tokens=4, warmup=False)
@@ -61,6 +62,7 @@ def test_levels_report_exact_token_counts(live_url):
     assert "ttft p50" in bench_serve.format_table(res)
 
 
+@pytest.mark.e2e
 def test_cli_json_and_errors(live_url):
     out = CliRunner().invoke(bench_serve_command, ["--url", live_url, "--concurrency", "2",
                                                    "--requests", "2", "--prompt-tokens", "6",

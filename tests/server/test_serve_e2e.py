@@ -21,6 +21,8 @@ from tests.helpers.model import default_model_path
 from tests.server.malformed import MALFORMED
 from tests.server.server_proc import ServerProcess
 
+pytestmark = pytest.mark.e2e
+
 KEY = "test-key-123"
 MAX_SEQS = 4
 GREEDY = {"temperature": 0.0}
