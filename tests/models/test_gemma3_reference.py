@@ -5,7 +5,7 @@ The fidelity criteria (issue 13, accepted by the planners): teacher-forced over 
 prompts x 32 steps, top-1 agreement >= 367/384, |top-1 logprob (ours) - (llama.cpp's)| mean <= 0.04,
 p90 <= 0.12, max <= 0.35; where free-running greedy parts from llama.cpp, each engine's token is in
 the other's top-5; perplexity within 0.5% of llama.cpp's. Bit-equal greedy tokens are not asked for:
-they hinge on llama.cpp's own float summation order (docs/investigations/llamacpp-numerics.md).
+they hinge on llama.cpp's own float summation order (docs/investigations/llamacpp_numerics.md).
 """
 
 from dataclasses import dataclass
