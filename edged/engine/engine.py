@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edged.engine.masks import StepMasks
 from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
@@ -98,10 +99,11 @@ _UNTIMED = _Untimed()
 class _Live:
     """Engine-side state of one request."""
 
-    __slots__ = ("req", "stream", "out", "params")
+    __slots__ = ("req", "stream", "out", "params", "constraint")
 
-    def __init__(self, req, stream, out, params):
+    def __init__(self, req, stream, out, params, constraint=None):
         self.req, self.stream, self.out, self.params = req, stream, out, params
+        self.constraint = constraint  # edged.engine.constraint.RequestConstraint or None
 
 
 class Engine:
@@ -118,6 +120,7 @@ class Engine:
         self._check_window_pool()
         self.sampler = Sampler()
         self.sampler.warm_up()
+        self.masks = StepMasks(model.vocab_size)  # grammar masks of constrained rows
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox = Outbox()  # this step's deltas, flushed once per step (engine thread only)
@@ -176,14 +179,17 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        self.masks.close()
 
     def add_request(self, prompt_ids, params: SamplingParams, request_id: str | None = None,
-                    loop=None, sink=None) -> RequestStream:
+                    loop=None, sink=None, constraint=None) -> RequestStream:
         """Queue a generation; returns its stream. Validation errors raise here, before queueing
         (vocab range, empty prompt, too long for the pool or context).
 
         loop: deliver the deltas on this asyncio loop (`async for` the stream there), or, with
-        `sink`, call sink(delta) on that loop for each one instead of queueing them."""
+        `sink`, call sink(delta) on that loop for each one instead of queueing them.
+        constraint: an edged.engine.constraint.RequestConstraint (its matcher already compiled):
+        the request's tokens are sampled under its grammar."""
         request_id = request_id or f"req-{next(self._ids)}"
         prompt_ids = [int(t) for t in prompt_ids]
         vocab = self.model.vocab_size
@@ -200,7 +206,7 @@ class Engine:
             raise ValueError("a sink needs the loop to call it on")
         eos = frozenset(self.tokenizer.eos_ids) | frozenset(params.stop_token_ids)
         out = OutputState(self.tokenizer.stream_decoder(), tuple(params.stop), eos, params.ignore_eos)
-        self._inbox.put(("add", _Live(req, stream, out, params)))
+        self._inbox.put(("add", _Live(req, stream, out, params, constraint)))
         self._wake.set()
         return stream
 
@@ -289,14 +295,21 @@ class Engine:
             return
         batch, samplers = build_batch(step, self.kv)
         timer.phase("build_batch", batch.n_tokens)
-        logits = self.model.forward(batch, self.kv_cache)  # [len(samplers), vocab]
+        lives = [self._live[step.items[i][0].request_id] for i in samplers]
+        pending = self.masks.submit(lives)  # computed on a worker thread while the forward runs
+        try:
+            logits = self.model.forward(batch, self.kv_cache)  # [len(samplers), vocab]
+        finally:
+            masked = self.masks.collect(pending)
         timer.phase("forward")
         self.scheduler.update(step)
         self._in_flight = {}
         timer.phase("update")
         if samplers:
-            lives = [self._live[step.items[i][0].request_id] for i in samplers]
+            logits, failed = self.masks.apply(masked, logits)
             results = self._sample(logits, lives)
+            for r, err in failed.items():
+                results[r] = RuntimeError(err)
             timer.phase("sample", len(lives))
             self._deliver(lives, results)
             timer.phase("deliver")
@@ -330,6 +343,10 @@ class Engine:
                 continue
             token, info = res
             req = lv.req
+            c = lv.constraint
+            if c is not None and not c.consume(token):
+                self._finish(lv, "error", error=f"constraint failed: {c.error}")
+                continue
             req.token_ids.append(token)
             self._generated_tokens += 1
             lp = None
@@ -340,6 +357,8 @@ class Engine:
             text, reason = lv.out.on_token(token, n_out >= req.max_tokens)
             if reason is None and req.num_tokens >= max_len:
                 text, reason = text + lv.out.pending, "length"
+            if reason is None and c is not None and c.stopped:  # the grammar's document is complete
+                text, reason = text + lv.out.drain(), "stop"
             if reason is not None:
                 self._finish(lv, reason, text=text, token_id=token, logprob=lp)
             elif lp is None:

@@ -45,3 +45,9 @@ class OutputState:
         text = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(text):]
         return text, None
+
+    def drain(self) -> str:
+        """Everything held back (stop-string look-ahead, incomplete UTF-8), when the request ends
+        for another reason (a grammar that is complete)."""
+        text, self.pending = self.pending + self.decoder.flush(), ""
+        return text
