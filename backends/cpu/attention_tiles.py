@@ -1,10 +1,10 @@
 """Register tiles of CPU attention: scores of 4 query heads x 4 keys, and V rows weighted likewise.
 
 A tile shares each loaded K/V element across 4 query heads (16 multiply-adds per 4 key loads),
-where a one-key-at-a-time loop loads once per multiply-add. The walkers _score_keys and
-_weigh_values cover a run of keys within one cache block with 4x4 tiles, a 1x4 tail for heads
-past a multiple of 4 and one key at a time for the last keys. Every function here is inlined into
-attention.py's kernel, which compiles them with the same fastmath flags (FM).
+where a one-key-at-a-time loop loads once per multiply-add. score_keys and weigh_values, both
+made by _key_walker, cover a run of keys within one cache block with 4x4 tiles, a 1x4 tile for
+each head past a multiple of 4 and one key at a time for the last keys. Every function here is
+inlined into attention.py's kernel and compiled with the same fastmath flags (FM).
 """
 
 import numba as nb
