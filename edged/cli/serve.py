@@ -56,6 +56,9 @@ def _opt(*decls, env: str, **kw):
       help="Allow a non-loopback bind without an API key.")
 @_opt("--chat-template", env="CHAT_TEMPLATE", default=None,
       help="Chat template: a built-in name or Jinja source (default: the model's).")
+@_opt("--reasoning-format", env="REASONING_FORMAT", type=click.Choice(["none", "auto"]),
+      default="auto", show_default=True,
+      help="auto: a thinking template's <think> block goes to message.reasoning_content; none: left in content.")
 @_opt("--max-body-bytes", env="MAX_BODY_BYTES", type=int, default=8 * 2**20, show_default=True,
       help="Largest request body accepted (else 413).")
 @_opt("--backend", env="BACKEND", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
@@ -64,8 +67,8 @@ def _opt(*decls, env: str, **kw):
       help="Layers on the GPU (first N; N >= layer count adds the output projection) or auto (as many as fit).")
 def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block_size,
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
-            max_queue, drain_timeout, log_level, insecure, chat_template, max_body_bytes,
-            backend, gpu_layers):
+            max_queue, drain_timeout, log_level, insecure, chat_template, reasoning_format,
+            max_body_bytes, backend, gpu_layers):
     """Serve MODEL (default: the installed Gemma 3 270M) over an OpenAI-compatible API."""
     from edged.server.app import create_app
     from edged.server.config import ServerConfig, read_api_key_file
@@ -81,7 +84,8 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block
             prefix_cache=not no_prefix_cache, model_alias=model_alias, api_keys=keys,
             cors_origins=_split(cors_origin), allowed_hosts=_split(allowed_host),
             max_queue=max_queue, drain_timeout=drain_timeout, log_level=log_level.lower(),
-            insecure=insecure, chat_template=chat_template, max_body_bytes=max_body_bytes,
+            insecure=insecure, chat_template=chat_template, reasoning_format=reasoning_format,
+            max_body_bytes=max_body_bytes,
             backend=backend, gpu_layers=gpu_layers)
         config.validate()
         if kv_memory is not None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 import uuid
-from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -20,47 +18,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edged.server import schemas
+from edged.server.chat_route import chat_completions
 from edged.server.errors import APIError, error_body, error_response, sse_error_event
-from edged.server.generation import Generation, until_disconnect
+from edged.server.generation import Generation
 from edged.server.lifecycle import FAILED, READY, ServerState
 from edged.server.metrics import CONTENT_TYPE
-from edged.server.responses import (SSE_DONE, CompletionLogprobs, SSEResponse, TokenText,
-                                    chat_logprob_entry, finish_reason, is_logged, sse, usage)
+from edged.server.responses import SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged, usage
+from edged.server.route_common import _check_model, _chunk, _json_body, _prepare, _respond, _submit
 from edged.server.security import BodyTooLarge, SecurityMiddleware
 
 log = logging.getLogger("edged.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-async def _json_body(request: Request):
-    try:
-        raw = await request.body()
-    except BodyTooLarge as e:
-        raise APIError(413, str(e), code="body_too_large") from None
-    if not raw:
-        raise APIError(400, "request body is empty; send a JSON object", code="invalid_json")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-
-
-def _check_model(state: ServerState, model: str | None) -> str:
-    """The model id to echo back; 404 for a model this server does not serve."""
-    name = state.model_name
-    if model is None or model in _model_names(state):
-        return name
-    raise APIError(404, f"model '{model}' not found; this server serves '{name}'", param="model",
-                   code="model_not_found")
-
-
-def _model_names(state: ServerState) -> set[str]:
-    names = {state.model_name}
-    if state.model_path:
-        p = Path(state.model_path)
-        names.update({p.name, p.stem, str(p)})
-    return names
 
 
 # -- health, models, metrics -----------------------------------------------------------------------
@@ -128,113 +97,6 @@ async def detokenize(request: Request) -> Response:
 
 # -- generation -------------------------------------------------------------------------------------
 
-async def _prepare(request: Request, parse):
-    """Shared by chat and completions: 503 if not serving, parse, model check."""
-    state: ServerState = request.app.state.edged
-    state.check_serving()
-    body = await _json_body(request)
-    req = parse(body, state.tokenizer.vocab_size)
-    model = _check_model(state, req.model)
-    return state, req, model
-
-
-def _error_finish(gen: Generation):
-    """The first engine error among finished choices, if any."""
-    for c in gen.choices:
-        for d in c.deltas:
-            if d.finish_reason == "error":
-                return d.error or "generation failed"
-    return None
-
-
-def _submit(state: ServerState, rid: str, prompts: list, req, default_max_tokens) -> Generation:
-    """A Generation with every choice of `req` queued (closed again if queueing fails)."""
-    gen = Generation(state, rid)
-    try:
-        gen.submit(prompts, req.params, req.n, req.max_tokens, default_max_tokens, req.top_logprobs)
-    except BaseException:
-        gen.close()
-        raise
-    return gen
-
-
-async def _respond(request: Request, gen: Generation, events, head: dict, choices_of,
-                   n_prompt: int) -> Response:
-    """SSE of `events` when streaming (events is not None), else one JSON object: `head`, the
-    choices_of() once every choice finished, and usage; 499 when the client left first."""
-    if events is not None:
-        return SSEResponse(events, gen.close)
-    try:
-        ok, _ = await until_disconnect(gen.collect(), request.receive)
-        if not ok:
-            return Response(status_code=499)
-        err = _error_finish(gen)
-        if err is not None:
-            raise APIError(500, f"generation failed: {err}", code="engine_error")
-        return JSONResponse({**head, "choices": choices_of(),
-                             "usage": usage(n_prompt, gen.usage_completion_tokens)})
-    finally:
-        gen.close()
-
-
-def _chunk(head: dict, req, choices: list, use=None) -> bytes:
-    """One streamed chunk: `head`, the choices and, when the client asked for usage, `use`."""
-    obj = {**head, "choices": choices}
-    if req.include_usage:
-        obj["usage"] = use
-    return sse(obj)
-
-
-async def chat_completions(request: Request) -> Response:
-    state, req, model = await _prepare(request, schemas.parse_chat)
-    tok = state.tokenizer
-
-    def render_and_encode():
-        text = state.chat.render(req.messages, add_generation_prompt=True, tools=req.tools)
-        return tok.encode(text, add_special=True, parse_special=True)
-
-    ids = await run_in_threadpool(render_and_encode)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    gen = _submit(state, rid, [ids], req, lambda p: state.max_len - p)
-    head = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model}
-    tt = TokenText(tok)
-
-    def choices():
-        out = []
-        for c in gen.choices:
-            text = "".join(d.text for d in c.deltas)
-            lp = None
-            if req.top_logprobs is not None:
-                lp = {"content": [chat_logprob_entry(d, tt) for d in c.deltas if is_logged(d, tok)]}
-            out.append({"index": c.index, "message": {"role": "assistant", "content": text},
-                        "logprobs": lp, "finish_reason": finish_reason(c.finish_reason)})
-        return out
-
-    chunk_head = {**head, "object": "chat.completion.chunk"}
-    events = _chat_events(gen, req, chunk_head, len(ids), tt) if req.stream else None
-    return await _respond(request, gen, events, head, choices, len(ids))
-
-
-async def _chat_events(gen: Generation, req, head: dict, n_prompt: int, tt):
-    yield _chunk(head, req, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None} for c in gen.choices])
-    async for c, d in gen.events():
-        lp = None
-        if req.top_logprobs is not None and is_logged(d, tt.tok):
-            lp = {"content": [chat_logprob_entry(d, tt)]}
-        if d.finish_reason == "error":
-            yield sse_error_event(APIError(500, f"generation failed: {d.error}", code="engine_error"))
-            continue
-        if not d.text and lp is None and d.finish_reason is None:
-            continue  # UTF-8 or stop-string look-ahead held the text back
-        delta = {"content": d.text} if d.text or lp is not None else {}
-        yield _chunk(head, req, [{"index": c.index, "delta": delta, "logprobs": lp,
-                                  "finish_reason": finish_reason(d.finish_reason)}])
-    if req.include_usage:
-        yield _chunk(head, req, [], usage(n_prompt, gen.usage_completion_tokens))
-    yield SSE_DONE
-
-
 async def completions(request: Request) -> Response:
     state, req, model = await _prepare(request, schemas.parse_completion)
     tok = state.tokenizer
@@ -248,8 +110,8 @@ async def completions(request: Request) -> Response:
     if req.echo:
         echoes = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
-    gen = _submit(state, rid, prompts, req,
-                  lambda p: min(COMPLETIONS_DEFAULT_MAX_TOKENS, state.max_len - p))
+    gen = await _submit(state, rid, prompts, req,
+                        lambda p: min(COMPLETIONS_DEFAULT_MAX_TOKENS, state.max_len - p))
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
     tt = TokenText(tok)
     n_prompt = sum(len(p) for p in prompts)

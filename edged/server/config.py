@@ -43,6 +43,7 @@ class ServerConfig:
     log_level: str = "info"
     insecure: bool = False
     chat_template: str | None = None
+    reasoning_format: str = "auto"  # none | auto: split a thinking template's <think> block off
     max_body_bytes: int = 8 * 2**20
     max_header_bytes: int = 16 * 2**10
     warmup: bool = True
@@ -62,6 +63,8 @@ class ServerConfig:
             raise ValueError("--max-queue must be >= 0")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must be >= 0")
+        if self.reasoning_format not in ("none", "auto"):
+            raise ValueError(f"--reasoning-format must be none or auto, got {self.reasoning_format!r}")
         if self.backend not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--backend must be auto, cpu or cuda, got {self.backend!r}")
         from edged.offload import parse_gpu_layers

@@ -61,6 +61,9 @@ def to_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
         return bad_request(f"request body is not valid JSON: {exc}", code="invalid_json")
+    field = getattr(exc, "field", None)  # ConstraintError, ToolError: the request field at fault
+    if isinstance(exc, ValueError) and isinstance(field, str) and hasattr(exc, "message"):
+        return bad_request(f"{field}: {exc.message}", field)
     if isinstance(exc, (ValueError, TypeError, OverflowError)):
         # SamplingParams, ChatTemplateError, AdmissionError, tokenizer input checks
         return bad_request(str(exc))

@@ -54,9 +54,11 @@ class Generation:
         self._closed = False
 
     def submit(self, prompts: list[list[int]], base: SamplingParams, n: int,
-               max_tokens: int | None, default_max_tokens, top_logprobs: int | None) -> None:
+               max_tokens: int | None, default_max_tokens, top_logprobs: int | None,
+               constraints: list | None = None) -> None:
         """Queue n choices per prompt (choice index = prompt index x n + k). max_tokens None means
-        default_max_tokens(prompt_len). Raises APIError 400/503 before anything runs."""
+        default_max_tokens(prompt_len); constraints: one RequestConstraint per choice, or None.
+        Raises APIError 400/503 before anything runs."""
         st = self.state
         limit = st.max_len
         for ids in prompts:
@@ -78,8 +80,10 @@ class Generation:
                     c = Choice(idx, f"{self.request_id}-{idx}", ids)
                     params = choice_params(base, idx, mt, top_logprobs)
                     # deltas arrive through _on_delta on this loop: no task or queue per choice
-                    c.stream = st.engine.add_request(ids, params, request_id=c.request_id, loop=loop,
-                                                     sink=functools.partial(self._on_delta, c))
+                    c.stream = st.engine.add_request(
+                        ids, params, request_id=c.request_id, loop=loop,
+                        sink=functools.partial(self._on_delta, c),
+                        constraint=constraints[idx] if constraints else None)
                     st.live_ids.add(c.request_id)
                     self.choices.append(c)
         except BaseException:

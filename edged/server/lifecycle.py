@@ -37,6 +37,8 @@ class ServerState:
         self.drain_deadline: float | None = None
         self.live_ids: set[str] = set()  # request ids in the engine (aborted on drain timeout)
         self._lock = threading.Lock()
+        self._grammars = None  # edged.engine.constraint.ModelGrammars, built on first use
+        self._grammars_lock = threading.Lock()
         self.on_ready = None  # callback(state) once serving
 
     # -- loading ------------------------------------------------------------------------------
@@ -92,6 +94,16 @@ class ServerState:
             self.status = READY
         if self.on_ready is not None:
             self.on_ready(self)
+
+    def grammars(self):
+        """The loaded model's ModelGrammars (llguidance tokenizer and grammar cache), built on the
+        first constrained request (~1 s on a 262k vocabulary: call it off the event loop)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from edged.engine.constraint import ModelGrammars
+
+                self._grammars = ModelGrammars(self.tokenizer, self.engine.model.vocab_size)
+            return self._grammars
 
     @property
     def model_name(self) -> str:

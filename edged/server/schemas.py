@@ -13,6 +13,8 @@ from typing import Any
 
 from edged.sampling import SamplingParams
 from edged.server.errors import APIError, bad_request
+from edged.structured import Constraint, ConstraintError, constraint_from_request
+from edged.toolcall import ToolRequest, ToolError, parse_tool_request
 
 MAX_N = 8  # choices per request
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -34,12 +36,16 @@ class GenerationRequest:
     include_usage: bool = False
     max_tokens: int | None = None  # None: the endpoint's default
     top_logprobs: int | None = None  # None: no logprobs; 0..20: chosen token (+ that many top)
+    # response_format / json_schema / grammar / structured_outputs (edged.structured.forms)
+    constraint: Constraint | None = None
 
 
 @dataclass
 class ChatRequest(GenerationRequest):
     messages: list = field(default_factory=list)
     tools: list | None = None
+    tool_request: ToolRequest | None = None  # tools / tool_choice / parallel_tool_calls, validated
+    reasoning_format: str | None = None  # per-request override of --reasoning-format
 
 
 @dataclass
@@ -188,9 +194,10 @@ def _common(body: Any, vocab_size: int) -> dict:
     mct = _int(body, "max_completion_tokens", lo=1)
     if mct is not None:
         max_tokens = mct if max_tokens is None else min(max_tokens, mct)
-    rf = _opt(body, "response_format")
-    if rf is not _MISSING and (not isinstance(rf, dict) or rf.get("type", "text") != "text"):
-        raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
+    try:
+        constraint = constraint_from_request(body)
+    except ConstraintError as e:
+        raise bad_request(f"{e.field}: {e.message}", e.field) from None
     seed = _int(body, "seed", lo=-(2**63), hi=2**64 - 1)
     if seed is not None and seed < 0:  # OpenAI accepts negative seeds
         seed %= 2**64
@@ -213,10 +220,52 @@ def _common(body: Any, vocab_size: int) -> dict:
             raise
         raise bad_request(str(e)) from None
     return dict(model=model, params=params, n=_int(body, "n", lo=1, hi=MAX_N, default=1),
-                stream=stream, include_usage=include_usage, max_tokens=max_tokens)
+                stream=stream, include_usage=include_usage, max_tokens=max_tokens,
+                constraint=constraint)
 
 
 # -- endpoints -------------------------------------------------------------------------------------
+
+def _message(m: Any, i: int) -> None:
+    """One chat message: role, text content (or null), an assistant's tool_calls, a tool's id."""
+    if not isinstance(m, dict):
+        raise bad_request(f"messages[{i}] must be an object", "messages")
+    role = m.get("role")
+    if not isinstance(role, str) or not role:
+        raise bad_request(f"messages[{i}].role must be a non-empty string", "messages")
+    content = m.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise bad_request(f"messages[{i}].content must be a string, an array of parts or null",
+                          "messages")
+    if isinstance(content, list):
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise bad_request(f"messages[{i}].content: only text parts are supported",
+                                  "messages")
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad_request(f"messages[{i}].tool_calls must be an array", "messages")
+        for k, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise bad_request(f"messages[{i}].tool_calls[{k}].function.name must be a string",
+                                  "messages")
+            if not isinstance(fn.get("arguments", ""), (str, dict)):
+                raise bad_request(f"messages[{i}].tool_calls[{k}].function.arguments must be a "
+                                  "JSON string", "messages")
+    if m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
+        raise bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
+
+
+def _tools(body: dict) -> ToolRequest:
+    try:
+        return parse_tool_request(body.get("tools"), body.get("tool_choice"),
+                                  body.get("parallel_tool_calls"))
+    except ToolError as e:
+        raise bad_request(f"{e.field}: {e.message}", e.field) from None
+
 
 def parse_chat(body: Any, vocab_size: int) -> ChatRequest:
     """Validate a /v1/chat/completions body."""
@@ -225,21 +274,17 @@ def parse_chat(body: Any, vocab_size: int) -> ChatRequest:
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty array of messages", "messages")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise bad_request(f"messages[{i}] must be an object", "messages")
-        role = m.get("role")
-        if not isinstance(role, str) or not role:
-            raise bad_request(f"messages[{i}].role must be a non-empty string", "messages")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise bad_request(f"messages[{i}].content must be a string, an array of parts or null",
-                              "messages")
-        if isinstance(content, list):
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text"
-                        and isinstance(part.get("text"), str)):
-                    raise bad_request(f"messages[{i}].content: only text parts are supported",
-                                      "messages")
+        _message(m, i)
+    tool_request = _tools(body)
+    if tool_request.active and common["constraint"] is not None:
+        field_ = common["constraint"].field.split(".")[0]
+        raise bad_request(f"'{field_}' cannot be combined with tools (unless tool_choice is "
+                          "'none')", field_)
+    reasoning_format = _str(body, "reasoning_format")
+    if reasoning_format == "deepseek":  # llama-server's name for the same split
+        reasoning_format = "auto"
+    if reasoning_format not in (None, "none", "auto"):
+        raise bad_request("'reasoning_format' must be 'none' or 'auto'", "reasoning_format")
     top = None
     if _bool(body, "logprobs"):
         top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS, default=0)
@@ -250,7 +295,8 @@ def parse_chat(body: Any, vocab_size: int) -> ChatRequest:
     if tools is not _MISSING and not isinstance(tools, list):
         raise bad_request("'tools' must be an array", "tools")
     return ChatRequest(**common, top_logprobs=top, messages=messages,
-                       tools=None if tools is _MISSING else tools)
+                       tools=None if tools is _MISSING else tools, tool_request=tool_request,
+                       reasoning_format=reasoning_format)
 
 
 def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:

@@ -43,7 +43,8 @@ class ToolRequest:
 
     @property
     def max_calls(self) -> int | None:
-        return None if self.parallel else 1
+        """1 without parallel calls or with a named tool_choice (OpenAI answers that one call)."""
+        return 1 if not self.parallel or self.forced is not None else None
 
 
 def parse_tool_request(tools, tool_choice=None, parallel_tool_calls=None) -> ToolRequest:

@@ -61,7 +61,7 @@ MALFORMED = [
     ("frequency_penalty nan-like", "POST", CHAT, b'{"messages": [{"role": "user", "content": "x"}], '
                                                  b'"frequency_penalty": NaN}', 400),
     ("repetition_penalty zero", "POST", CHAT, _chat(repetition_penalty=0), 400),
-    ("json response_format", "POST", CHAT, _chat(response_format={"type": "json_object"}), 400),
+    ("bad response_format type", "POST", CHAT, _chat(response_format={"type": "xml"}), 400),
     ("unknown model", "POST", CHAT, _chat(model="gpt-4-nonexistent"), 404),
     ("user not a string", "POST", CHAT, _chat(user=7), 400),
     ("prompt missing", "POST", COMP, {"max_tokens": 2}, 400),
