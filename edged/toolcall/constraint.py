@@ -85,11 +85,20 @@ def lark_repeat(start_rule: str, call_rule: str, sep: str, max_calls: int | None
     return f"{start_rule}: {call_rule} ({json.dumps(sep)} {call_rule})*\n"
 
 
+def bounded_json(schema: dict) -> dict:
+    """The schema with llguidance's JSON options set to edged's bounded whitespace (a ``%json``
+    rule inside Lark otherwise lets any run of whitespace sit between JSON tokens)."""
+    from edged.structured.json_grammar import json_options
+
+    return {"x-guidance": json_options(), **schema}
+
+
 def json_rules(functions, args_key: str, prefix: str = "call_json") -> tuple[str, str]:
     """One ``%json`` rule per function; returns (the rules' text, an alternative of them)."""
     rules, names = [], []
     for i, fn in enumerate(functions):
         rule = f"{prefix}_{i}"
-        rules.append(f"{rule}: %json {json.dumps(call_schema(fn, args_key), ensure_ascii=False)}\n")
+        schema = bounded_json(call_schema(fn, args_key))
+        rules.append(f"{rule}: %json {json.dumps(schema, ensure_ascii=False)}\n")
         names.append(rule)
     return "".join(rules), " | ".join(names)

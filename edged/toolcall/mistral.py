@@ -9,7 +9,8 @@ import re
 
 from .base import ToolFormat
 from .calls import RawCall, random_alnum
-from .constraint import ConstraintSpec, TokenRef, Trigger, array_of_calls, lark_repeat, literal
+from .constraint import (ConstraintSpec, TokenRef, Trigger, array_of_calls, bounded_json, lark_repeat,
+                         literal)
 from .jsonscan import (BAD, DONE, INCOMPLETE, MALFORMED, NOT_CALL, PARTIAL, Block,
                        match_call_array, match_call_object, skip_ws, value_end)
 
@@ -50,13 +51,13 @@ class MistralFormat(ToolFormat):
         if self.args_form:
             alts = " | ".join(f"{literal(f.name, None)} {literal(ARGS, token_ref)} args_{i}"
                               for i, f in enumerate(request.selected()))
-            rules = "".join(f"args_{i}: %json {_dumps(f.parameters)}\n"
+            rules = "".join(f"args_{i}: %json {_dumps(bounded_json(f.parameters))}\n"
                             for i, f in enumerate(request.selected()))
             lark = (lark_repeat("start", "call", "", request.max_calls)
                     + f"call: {head} ({alts})\n" + rules)
         else:
             schema = array_of_calls(request.selected(), "arguments", request.max_calls)
-            lark = f"start: {head} calls\ncalls: %json {_dumps(schema)}\n"
+            lark = f"start: {head} calls\ncalls: %json {_dumps(bounded_json(schema))}\n"
         lazy = request.choice == "auto"
         return ConstraintSpec("lark", lark=lark, lazy=lazy,
                               triggers=[Trigger(TOOL_CALLS)] if lazy else [],
