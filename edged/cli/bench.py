@@ -46,10 +46,13 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
 @click.option("--breakdown", default=None,
               help="Decode-step time per phase and op (ms per step) at these concurrency levels, "
                    "e.g. 1,4,16 (32-token prompts, 64 generated tokens each).")
+@click.option("--structured", is_flag=True,
+              help="Decode tokens/s under a JSON schema vs unconstrained (interleaved runs) at "
+                   "--concurrency levels (default 1,8), and the grammar mask time per token.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @backend_options
 def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
-            prefix_cache, breakdown, as_json, backend, gpu_layers):
+            prefix_cache, breakdown, structured, as_json, backend, gpu_layers):
     """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
@@ -57,11 +60,30 @@ def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tok
     report = {}
     if kernels:
         report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock)
-    if not kernels or concurrency or prefix_cache or breakdown:
+    if structured:
+        report["structured"] = _structured_section(model, concurrency, gen_tokens, repeat, as_json,
+                                                   backend, gpu_layers)
+        concurrency = None  # its levels were the structured section's
+    if (not kernels and not structured) or concurrency or prefix_cache or breakdown:
         report.update(_model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency,
                                       prefix_cache, breakdown, kernels, as_json, backend, gpu_layers, clock))
     if as_json:
         click.echo(json.dumps(report, indent=2))
+
+
+def _structured_section(model, concurrency, gen_tokens, repeat, as_json, backend, gpu_layers) -> dict:
+    from edged.bench import constrained
+    from edged.loader import load
+
+    levels = _levels(concurrency) or [1, 8]
+    gen = min(gen_tokens, 96)
+    lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
+              kv_tokens=max(levels) * (32 + gen + 16) + 2048)
+    report = constrained.bench_constrained(lm, levels, gen, repeat=max(1, min(repeat, 3)))
+    report["llguidance"] = constrained.llguidance_mask_times(model)
+    (click.echo if not as_json else lambda s: click.echo(s, err=True))(
+        constrained.format_constrained(report))
+    return report
 
 
 def _levels(value) -> list[int]:
