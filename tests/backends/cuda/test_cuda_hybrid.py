@@ -29,6 +29,7 @@ def _tiny(arch: str, tmp: str):
     ("llama", "1"), ("gemma3", "all"),
     pytest.param("llama", "all", marks=pytest.mark.slow), pytest.param("gemma3", "1", marks=pytest.mark.slow),
 ])
+@pytest.mark.timeout(1800)  # minutes of simulator time on 2 cores; the 600 s default is for the rest
 def test_split_gives_the_cpu_tokens(arch, gpu_layers, tmp_path_factory):
     gf, cpu_ids = _tiny(arch, str(tmp_path_factory.getbasetemp()))
     model = load_model(gf)
