@@ -42,6 +42,7 @@ class TinySpec:
     tied: bool = True  # no output.weight: logits through token_embd
     write_key_length: bool = False
     extra_kv: dict = field(default_factory=dict)
+    added_tokens: tuple = ()  # BPE only: USER_DEFINED tokens (e.g. "<tool_call>") in the last padding slots
 
 
 def default_spec(arch: str, **overrides) -> TinySpec:
@@ -186,6 +187,10 @@ def _bpe_vocab(n: int):
 def _write_tokenizer(wr: gguf.GGUFWriter, spec: TinySpec) -> None:
     if spec.arch in ("qwen2", "qwen3"):
         tokens, types, merges, ids = _bpe_vocab(spec.vocab)
+        first = spec.vocab - 3 - len(spec.added_tokens)  # the three specials come last
+        assert all(t.startswith("<unused") for t in tokens[first : spec.vocab - 3]), "vocab too small"
+        for i, t in enumerate(spec.added_tokens):
+            tokens[first + i], types[first + i] = t, 4  # USER_DEFINED, as Qwen 2.5's <tool_call>
         wr.add_tokenizer_model("gpt2")
         wr.add_tokenizer_pre("qwen2")
         wr.add_token_list(tokens)
