@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from edged.bench.engine import _prompt, make_engine
+from edged.bench.engine import _prompt, decode_after_first, make_engine
 from edged.bench.serve import percentiles
 from edged.bench.structured import BENCH_SCHEMA, cpu_model
 from edged.sampling import SamplingParams
@@ -24,17 +24,8 @@ def _decode_run(engine, prompts, gen: int, constraints) -> tuple[float, int]:
     """Decode tokens/s once every request has its first token (prefill excluded)."""
     params = SamplingParams(temperature=0.0, max_tokens=gen, ignore_eos=True)
     streams = [engine.add_request(p, params, constraint=c) for p, c in zip(prompts, constraints)]
-    its = [iter(s) for s in streams]
-    for it in its:
-        next(it)
-    t0 = time.perf_counter()
-    n = 0
-    for it in its:
-        for d in it:
-            if d.finish_reason == "error":
-                raise RuntimeError(d.error)
-            n += d.token_id is not None
-    return n / (time.perf_counter() - t0), n
+    n, seconds = decode_after_first(streams)
+    return n / seconds, n
 
 
 def bench_constrained(lm, levels=(1, 8), gen_tokens: int = 64, prompt_tokens: int = 32,

@@ -50,6 +50,24 @@ def _consume(stream, t0: float, out: list, idx: int) -> None:
     out[idx] = RequestTiming(first - t0, itl, n)
 
 
+def decode_after_first(streams, started=None) -> tuple[int, float]:
+    """(tokens, seconds) generated once every stream has its first token, so prefill is excluded;
+    `started` is called at that moment."""
+    its = [iter(s) for s in streams]
+    for it in its:
+        next(it)
+    if started is not None:
+        started()
+    t0 = time.perf_counter()
+    n = 0
+    for it in its:
+        for d in it:
+            if d.finish_reason == "error":
+                raise RuntimeError(d.error)
+            n += d.token_id is not None
+    return n, time.perf_counter() - t0
+
+
 def make_engine(lm, *, max_seqs: int, ctx: int, block_size: int = 16, max_batch_tokens: int = 512,
                 prefix_cache: bool = True) -> Engine:
     kv = plan_kv(lm.model, block_size, ctx=ctx, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)
@@ -175,18 +193,7 @@ def step_breakdown(lm, levels=(1, 4, 16), prompt_tokens: int = 32, gen_tokens: i
             for r in range(repeat + 1):  # the first run warms up
                 streams = [engine.add_request(_prompt(vocab, prompt_tokens, 7919 * r + i), _greedy(gen_tokens))
                            for i in range(c)]
-                its = [iter(s) for s in streams]
-                for it in its:
-                    next(it)  # first token: prefill done
-                prof.reset()
-                t0 = time.perf_counter()
-                n = 0
-                for it in its:
-                    for d in it:
-                        if d.finish_reason == "error":
-                            raise RuntimeError(d.error)
-                        n += d.token_id is not None
-                wall = time.perf_counter() - t0
+                n, wall = decode_after_first(streams, started=prof.reset)
                 if r == 0:
                     continue
                 ms = prof.per_step_ms()

@@ -46,3 +46,23 @@ def assert_all_blocks_free(engine) -> None:
     st = engine.stats()
     assert st.running == 0 and st.waiting == 0
     assert st.blocks_free == st.blocks_total and st.window_blocks_free == st.window_blocks_total
+
+
+def assert_preempted_equal(big, small, prompts, submit, ids=token_ids) -> None:
+    """Each prompt through `small` (short of blocks, so it preempts) gives the tokens it gets through
+    `big`; submit(engine, prompt) -> stream, all of small's submitted at once."""
+    ref = [ids(list(submit(big, p))) for p in prompts]
+    streams = [submit(small, p) for p in prompts]
+    assert [ids(list(s)) for s in streams] == ref
+    assert small.stats().preemptions > 0
+    assert_all_blocks_free(small)
+
+
+def assert_prefix_hit_repeats(engine, prompt, params, hit_tokens: int, ids=token_ids) -> None:
+    """The same prompt twice: the second run reuses `hit_tokens` cached tokens and gives the same ids."""
+    a = ids(engine.generate(prompt, params))
+    hits0 = engine.kv.prefix_hits
+    b = ids(engine.generate(prompt, params))
+    assert engine.kv.prefix_hits - hits0 == hit_tokens
+    assert a == b
+    assert_all_blocks_free(engine)

@@ -11,8 +11,8 @@ import pytest
 from edged.engine.constraint import ACTIVE, LAZY, OFF, THINKING, ModelGrammars, RequestConstraint
 from edged.sampling import SamplingParams
 from edged.structured import Constraint, schema_constraint
-from tests.engine.engine_helpers import (assert_all_blocks_free, greedy, load_tiny, random_prompts,
-                                         start_engine, token_ids)
+from tests.engine.engine_helpers import (assert_all_blocks_free, assert_preempted_equal, greedy, load_tiny,
+                                         random_prompts, start_engine, token_ids)
 
 SCHEMA = {"type": "object",
           "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -82,13 +82,8 @@ def test_preemption_keeps_the_matcher(tiny, grammars):
     big = start_engine(tiny)
     small = start_engine(tiny, num_blocks=24, max_batch_tokens=16)
     try:
-        ref = [token_ids(list(big.add_request(p, _params(14), constraint=_constraint(grammars))))
-               for p in prompts]
-        streams = [small.add_request(p, _params(14), constraint=_constraint(grammars)) for p in prompts]
-        got = [token_ids(list(s)) for s in streams]
-        assert got == ref
-        assert small.stats().preemptions > 0
-        assert_all_blocks_free(small)
+        assert_preempted_equal(big, small, prompts,
+                               lambda e, p: e.add_request(p, _params(14), constraint=_constraint(grammars)))
     finally:
         big.stop()
         small.stop()

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.engine.engine_helpers import (assert_all_blocks_free, greedy, load_tiny, random_prompts,
+from tests.engine.engine_helpers import (assert_all_blocks_free, assert_preempted_equal,
+                                         assert_prefix_hit_repeats, greedy, load_tiny, random_prompts,
                                          start_engine, token_ids)
 
 
@@ -30,12 +31,7 @@ def test_preemption_gives_identical_greedy_outputs(tiny):
     big = start_engine(tiny)
     small = start_engine(tiny, num_blocks=24, max_batch_tokens=16)  # 96 token slots for 6 x (<=40+12)
     try:
-        ref = [token_ids(big.generate(p, greedy(12))) for p in prompts]
-        streams = [small.add_request(p, greedy(12)) for p in prompts]
-        got = [token_ids(list(s)) for s in streams]
-        assert got == ref
-        assert small.stats().preemptions > 0
-        assert_all_blocks_free(small)
+        assert_preempted_equal(big, small, prompts, lambda e, p: e.add_request(p, greedy(12)))
     finally:
         big.stop()
         small.stop()
@@ -45,12 +41,7 @@ def test_prefix_hit_same_output(tiny):
     eng = start_engine(tiny)
     try:
         prefix = list(range(5, 37))  # 8 full blocks of 4
-        a = token_ids(eng.generate(prefix + [40, 41], greedy()))
-        hits0 = eng.kv.prefix_hits
-        b = token_ids(eng.generate(prefix + [40, 41], greedy()))
-        assert eng.kv.prefix_hits - hits0 == 32
-        assert a == b
-        assert_all_blocks_free(eng)
+        assert_prefix_hit_repeats(eng, prefix + [40, 41], greedy(), 32)
     finally:
         eng.stop()
 

@@ -9,7 +9,8 @@ from edged.engine.scheduler import Scheduler
 from edged.engine.sizing import kv_layout, plan_kv, window_blocks_needed
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
-from tests.engine.engine_helpers import (assert_all_blocks_free, greedy, load_tiny, random_prompts,
+from tests.engine.engine_helpers import (assert_all_blocks_free, assert_preempted_equal,
+                                         assert_prefix_hit_repeats, greedy, load_tiny, random_prompts,
                                          start_engine, token_ids)
 
 W, BS = 8, 4  # window and block size of the block-accounting tests
@@ -213,11 +214,7 @@ def test_preemption_with_freeing_gives_identical_outputs(tiny):
     big = _engine(tiny, free_window_blocks=False)
     small = _engine(tiny, num_blocks=24)  # 96 full-attention slots for 6 x (<= 40 + 20)
     try:
-        ref = [_ids(big.generate(p, greedy(20))) for p in prompts]
-        got = [_ids(list(s)) for s in [small.add_request(p, greedy(20)) for p in prompts]]
-        assert got == ref
-        assert small.stats().preemptions > 0
-        assert_all_blocks_free(small)
+        assert_preempted_equal(big, small, prompts, lambda e, p: e.add_request(p, greedy(20)), ids=_ids)
     finally:
         big.stop()
         small.stop()
@@ -241,12 +238,7 @@ def test_prefix_hit_with_freed_window_blocks_same_output(tiny):
     eng = _engine(tiny)
     try:
         prompt = list(range(5, 42))  # 37 tokens: 9 full blocks, most out of the window when done
-        a = _ids(eng.generate(prompt, greedy(6)))
-        hits0 = eng.kv.prefix_hits
-        b = _ids(eng.generate(prompt, greedy(6)))
-        assert eng.kv.prefix_hits - hits0 == 36
-        assert a == b
-        assert_all_blocks_free(eng)
+        assert_prefix_hit_repeats(eng, prompt, greedy(6), 36, ids=_ids)
     finally:
         eng.stop()
 

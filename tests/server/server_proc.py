@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -76,3 +77,15 @@ class ServerProcess:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
+
+
+@contextmanager
+def running_server(args: list[str], log_path: Path, api_key: str | None = None):
+    """A started `edged serve ARGS`, stopped on exit; a cold JIT cache compiles every kernel first
+    (minutes on 2 busy cores), hence EDGED_TEST_SERVE_TIMEOUT."""
+    proc = ServerProcess(args, log_path, api_key=api_key)
+    try:
+        proc.wait_ready(float(os.environ.get("EDGED_TEST_SERVE_TIMEOUT", "900")))
+        yield proc
+    finally:
+        proc.stop()

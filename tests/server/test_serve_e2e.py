@@ -6,7 +6,6 @@ it, so it runs last (pytest keeps file order).
 
 import asyncio
 import json
-import os
 import re
 import signal
 import threading
@@ -19,7 +18,7 @@ openai = pytest.importorskip("openai")  # the dev extra
 
 from tests.helpers.model import default_model_path
 from tests.server.malformed import MALFORMED
-from tests.server.server_proc import ServerProcess
+from tests.server.server_proc import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -31,16 +30,10 @@ GREEDY = {"temperature": 0.0}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = default_model_path()
-    proc = ServerProcess([str(path), "--ctx", "512", "--max-seqs", str(MAX_SEQS),
-                          "--max-batch-tokens", "256", "--drain-timeout", "120",
-                          "--log-level", "warning"],
-                         tmp_path_factory.mktemp("serve") / "serve.log", api_key=KEY)
-    try:
-        # a cold JIT cache compiles every kernel first (minutes on 2 busy cores)
-        proc.wait_ready(float(os.environ.get("EDGED_TEST_SERVE_TIMEOUT", "900")))
+    with running_server([str(path), "--ctx", "512", "--max-seqs", str(MAX_SEQS),
+                         "--max-batch-tokens", "256", "--drain-timeout", "120", "--log-level", "warning"],
+                        tmp_path_factory.mktemp("serve") / "serve.log", api_key=KEY) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ serving. One server for the module, small max_tokens."""
 
 import asyncio
 import json
-import os
 
 import jsonschema
 import pytest
@@ -14,7 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from tests.helpers.model import default_model_path
-from tests.server.server_proc import ServerProcess
+from tests.server.server_proc import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -70,14 +69,10 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = ServerProcess([str(default_model_path()), "--ctx", "1024", "--max-seqs", "16", "--model-alias", "default",
-                          "--max-batch-tokens", "256", "--log-level", "warning"],
-                         tmp_path_factory.mktemp("structured") / "serve.log")
-    try:
-        proc.wait_ready(float(os.environ.get("EDGED_TEST_SERVE_TIMEOUT", "900")))
+    with running_server([str(default_model_path()), "--ctx", "1024", "--max-seqs", "16", "--model-alias",
+                         "default", "--max-batch-tokens", "256", "--log-level", "warning"],
+                        tmp_path_factory.mktemp("structured") / "serve.log") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ grammar guarantees is checked: tool_choice required/named give valid calls, stre
 reassemble to them, a json_schema reply validates."""
 
 import json
-import os
 
 import gguf
 import jsonschema
@@ -14,7 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from tests.helpers.tiny_models import write_tiny_model
-from tests.server.server_proc import ServerProcess
+from tests.server.server_proc import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -60,13 +59,9 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("hermes")
     path = write_tiny_model(d / "hermes.gguf", "qwen2", context=2048, extra_kv={
         "tokenizer.chat_template": (HERMES_TEMPLATE + "{# </think> #}", gguf.GGUFValueType.STRING)})
-    proc = ServerProcess([str(path), "--ctx", "2048", "--max-seqs", "4", "--model-alias", "tiny",
-                          "--log-level", "warning"], d / "serve.log")
-    try:
-        proc.wait_ready(float(os.environ.get("EDGED_TEST_SERVE_TIMEOUT", "900")))
+    with running_server([str(path), "--ctx", "2048", "--max-seqs", "4", "--model-alias", "tiny",
+                         "--log-level", "warning"], d / "serve.log") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ emit that trigger; from there the call is generated under the tool's grammar, so
 Without the bias the model writes free text, returned as content."""
 
 import json
-import os
 
 import gguf
 import jsonschema
@@ -13,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from tests.helpers.tiny_models import write_tiny_model
-from tests.server.server_proc import ServerProcess
+from tests.server.server_proc import running_server
 from tests.server.test_tools_e2e import ASK, HERMES_TEMPLATE, TOOL
 
 pytestmark = pytest.mark.e2e
@@ -28,13 +27,9 @@ def client(tmp_path_factory):
     path = write_tiny_model(d / "hermes.gguf", "qwen2", context=2048, vocab=VOCAB,
                             added_tokens=("<tool_call>", "</tool_call>"), extra_kv={
                                 "tokenizer.chat_template": (HERMES_TEMPLATE, gguf.GGUFValueType.STRING)})
-    proc = ServerProcess([str(path), "--ctx", "2048", "--max-seqs", "2", "--model-alias", "tiny",
-                          "--log-level", "warning"], d / "serve.log")
-    try:
-        proc.wait_ready(float(os.environ.get("EDGED_TEST_SERVE_TIMEOUT", "900")))
+    with running_server([str(path), "--ctx", "2048", "--max-seqs", "2", "--model-alias", "tiny",
+                         "--log-level", "warning"], d / "serve.log") as proc:
         yield openai.OpenAI(base_url=f"{proc.url}/v1", api_key="none", max_retries=0, timeout=300)
-    finally:
-        proc.stop()
 
 
 def _ask(client, **extra):
