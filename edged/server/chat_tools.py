@@ -97,6 +97,8 @@ def _with_system(messages: list, text: str) -> list:
 
 def render_inputs(plan: ChatPlan, messages: list, tools: list | None) -> tuple[list, list | None]:
     """(messages, tools) to give the chat template."""
+    # OpenAI's "developer" messages replace "system" ones; templates only know "system"
+    messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
     if plan.fmt is GENERIC:
         messages = _generic_history(messages)
         if plan.tools_active:

@@ -226,6 +226,9 @@ def _common(body: Any, vocab_size: int) -> dict:
 
 # -- endpoints -------------------------------------------------------------------------------------
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's; "developer" renders as system
+
+
 def _message(m: Any, i: int) -> None:
     """One chat message: role, text content (or null), an assistant's tool_calls, a tool's id."""
     if not isinstance(m, dict):
@@ -233,6 +236,9 @@ def _message(m: Any, i: int) -> None:
     role = m.get("role")
     if not isinstance(role, str) or not role:
         raise bad_request(f"messages[{i}].role must be a non-empty string", "messages")
+    if role not in CHAT_ROLES:
+        raise bad_request(f"messages[{i}].role {role[:40]!r} is not one of {', '.join(CHAT_ROLES)}",
+                          "messages")
     content = m.get("content")
     if content is not None and not isinstance(content, (str, list)):
         raise bad_request(f"messages[{i}].content must be a string, an array of parts or null",

@@ -26,6 +26,7 @@ MALFORMED = [
     ("messages empty", "POST", CHAT, _chat(messages=[]), 400),
     ("messages a string", "POST", CHAT, _chat(messages="hi"), 400),
     ("message without role", "POST", CHAT, _chat(messages=[{"content": "x"}]), 400),
+    ("message role the API does not define", "POST", CHAT, _chat(messages=[{"role": "wizard", "content": "x"}]), 400),
     ("message content a number", "POST", CHAT, _chat(messages=[{"role": "user", "content": 5}]), 400),
     ("image content part", "POST", CHAT, _chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]), 400),

@@ -142,6 +142,19 @@ def test_chat_stream_usage_and_role(client, tiny):
         c["delta"].get("content", "") for e in ev for c in e["choices"])
 
 
+def test_developer_message_renders_as_system(client, tiny):
+    """OpenAI's "developer" role is accepted and given to the template as "system"."""
+    def prompt_tokens(role):
+        body = {"messages": [{"role": role, "content": "be brief"}, {"role": "user", "content": "hi"}],
+                "max_tokens": 1}
+        r = client.post(CHAT, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    system = tiny.chat.render([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert prompt_tokens("developer") == prompt_tokens("system") == len(tiny.tokenizer.encode(system))
+
+
 def test_prompt_forms_and_echo(client, tiny):
     ids = tiny.tokenizer.encode("abc")
     body = {"max_tokens": 3, "temperature": 0}
