@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+def held_suffix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string (or trigger):
+    the text that must be held back until the next delta decides it."""
     best = 0
     for s in stops:
         for n in range(min(len(s) - 1, len(text)), best, -1):
@@ -41,7 +42,7 @@ class OutputState:
         if is_last:
             text, self.pending = self.pending + self.decoder.flush(), ""
             return text, "length"
-        keep = _held_suffix(self.pending, self.stop) if self.stop else 0
+        keep = held_suffix(self.pending, self.stop) if self.stop else 0
         text = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(text):]
         return text, None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from edged.engine.output import held_suffix
+
 from .calls import RawCall, Scan, ToolCall, openai_call_id
-from .jsonscan import DONE, NOT_CALL, PARTIAL, Block, partial_suffix
+from .jsonscan import DONE, NOT_CALL, PARTIAL, Block
 
 
 class ToolFormat:
@@ -32,7 +34,7 @@ class ToolFormat:
             if start < 0:
                 tail = text[pos:]
                 if not final:
-                    tail = tail[:len(tail) - partial_suffix(tail, self.triggers)]
+                    tail = tail[:len(tail) - held_suffix(tail, self.triggers)]
                 parts.append(tail)
                 break
             parts.append(text[pos:start])

@@ -99,17 +99,6 @@ def decode_partial_string(text: str, pos: int) -> tuple[str, bool]:
         return "", False
 
 
-def partial_suffix(text: str, triggers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a trigger."""
-    best = 0
-    for trig in triggers:
-        for k in range(min(len(trig) - 1, len(text)), best, -1):
-            if text.endswith(trig[:k]):
-                best = k
-                break
-    return best
-
-
 def is_json_object_text(text: str) -> bool:
     try:
         return isinstance(loads(text), dict)

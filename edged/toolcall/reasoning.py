@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .jsonscan import partial_suffix
+from edged.engine.output import held_suffix
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,6 @@ def split_reasoning(text: str, spec: ReasoningSpec, starts_inside: bool,
     if end < 0:
         body = text[body_at:]
         if not final:
-            body = body[:len(body) - partial_suffix(body, (spec.end,))]
+            body = body[:len(body) - held_suffix(body, (spec.end,))]
         return body.strip(), ""
     return text[body_at:end].strip(), text[end + len(spec.end):]
