@@ -31,9 +31,9 @@ def _model_path(arg: str | None) -> tuple[str, str]:
     if arg:
         return arg, "given"
     try:
-        from edged.model_path import resolve_model_path
+        from edged.model_path import resolve_reference_model
 
-        return str(resolve_model_path(None)), "default model"
+        return str(resolve_reference_model()), "default model"
     except Exception:
         sys.path.insert(0, os.path.dirname(__file__))
         from synth_gemma3 import write

@@ -47,9 +47,9 @@ def _tensors(types):
     found = {}
     try:
         from edged.quant.gguf import load_gguf
-        from edged.model_path import resolve_model_path
+        from edged.model_path import resolve_reference_model
 
-        for t in load_gguf(resolve_model_path(None)).tensors.values():
+        for t in load_gguf(resolve_reference_model()).tensors.values():
             if t.qtype in types and t.qtype not in found and "ffn_down" in t.name:
                 found[t.qtype] = t
     except Exception as e:  # noqa: BLE001 - the bench still runs on synthesized tensors

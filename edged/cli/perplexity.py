@@ -25,6 +25,10 @@ def command(paths, ctx, as_json, backend, gpu_layers):
     if len(paths) > 2:
         raise click.UsageError("expected [MODEL] FILE")
     model, file = (None, paths[0]) if len(paths) == 1 else paths
+    if model is None:  # fidelity figures are recorded on Gemma, whatever the store holds
+        from edged.model_path import resolve_reference_model
+
+        model = str(resolve_reference_model())
     try:
         lm = load(model, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, batch_tokens=ctx)
     except (GGUFError, ValueError, OSError) as e:
