@@ -24,7 +24,9 @@ from edged.server.generation import Generation
 from edged.server.lifecycle import FAILED, READY, ServerState
 from edged.server.metrics import CONTENT_TYPE
 from edged.server.responses import SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged, usage
-from edged.server.route_common import _check_model, _chunk, _json_body, _prepare, _respond, _submit
+from edged.server.route_common import (HOLDS, _chunk, _json_body, _prepare, _respond, _submit,
+                                       model_slot)
+from edged.server.schemas import requested_model
 from edged.server.security import BodyTooLarge, SecurityMiddleware
 
 log = logging.getLogger("edged.server")
@@ -44,24 +46,17 @@ async def health(request: Request) -> Response:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
-def _model_card(state: ServerState) -> dict:
-    card = {"id": state.model_name, "object": "model", "created": state.created,
-            "owned_by": "edged"}
-    if state.engine is not None:
-        card["max_model_len"] = state.max_len
-    return card
-
-
 async def list_models(request: Request) -> Response:
+    """Every servable model, with its status (loaded, loading, unloaded)."""
     state: ServerState = request.app.state.edged
-    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+    return JSONResponse({"object": "list",
+                         "data": [s.card(state.created) for s in state.models.listed()]})
 
 
 async def get_model(request: Request) -> Response:
     state: ServerState = request.app.state.edged
-    mid = request.path_params["model_id"]
-    _check_model(state, mid)
-    return JSONResponse(_model_card(state))
+    slot = state.models.resolve(request.path_params["model_id"])
+    return JSONResponse(slot.card(state.created))
 
 
 async def metrics(request: Request) -> Response:
@@ -71,16 +66,15 @@ async def metrics(request: Request) -> Response:
 
 # -- tokenize ---------------------------------------------------------------------------------------
 
-def _ready_tokenizer(state: ServerState):
-    if state.tokenizer is None:
-        state.check_serving()
-    return state.tokenizer
+async def _tokenizer(request: Request, body):
+    """The tokenizer of the body's `model` (the default one when absent), loaded and held."""
+    return (await model_slot(request, requested_model(body))).tokenizer
 
 
 async def tokenize(request: Request) -> Response:
-    state: ServerState = request.app.state.edged
-    tok = _ready_tokenizer(state)
-    req = schemas.parse_tokenize(await _json_body(request))
+    body = await _json_body(request)
+    tok = await _tokenizer(request, body)
+    req = schemas.parse_tokenize(body)
     ids = await run_in_threadpool(tok.encode, req.content, req.add_special, True)
     if not req.with_pieces:
         return JSONResponse({"tokens": ids})
@@ -89,17 +83,17 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    state: ServerState = request.app.state.edged
-    tok = _ready_tokenizer(state)
-    req = schemas.parse_detokenize(await _json_body(request), tok.vocab_size)
+    body = await _json_body(request)
+    tok = await _tokenizer(request, body)
+    req = schemas.parse_detokenize(body, tok.vocab_size)
     return JSONResponse({"content": tok.decode(req.tokens)})
 
 
 # -- generation -------------------------------------------------------------------------------------
 
 async def completions(request: Request) -> Response:
-    state, req, model = await _prepare(request, schemas.parse_completion)
-    tok = state.tokenizer
+    slot, req, model = await _prepare(request, schemas.parse_completion)
+    tok = slot.tokenizer
 
     def encode_all():
         return [tok.encode(p, add_special=True, parse_special=True) if isinstance(p, str) else p
@@ -110,8 +104,8 @@ async def completions(request: Request) -> Response:
     if req.echo:
         echoes = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
-    gen = await _submit(state, rid, prompts, req,
-                        lambda p: min(COMPLETIONS_DEFAULT_MAX_TOKENS, state.max_len - p))
+    gen = await _submit(slot, rid, prompts, req,
+                        lambda p: min(COMPLETIONS_DEFAULT_MAX_TOKENS, slot.max_len - p))
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
     tt = TokenText(tok)
     n_prompt = sum(len(p) for p in prompts)
@@ -195,6 +189,21 @@ ROUTES = [
 _ROUTE_LABELS = frozenset(r.path for r in ROUTES if "{" not in r.path)
 
 
+class _ReleaseHolds:
+    """Releases the models a request held (route_common.model_slot) once its response, streamed
+    or not, is over: only then may the model expire or be evicted."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for hold in scope.pop(HOLDS, ()):
+                self.state.models.release(hold)
+
+
 class _CountRequests:
     """Counts responses by route and status for /metrics (unknown paths as 'other')."""
 
@@ -215,10 +224,10 @@ class _CountRequests:
 
 
 def create_app(state: ServerState, *, load_in_background: bool = True) -> Starlette:
-    """The ASGI app over a ServerState. With load_in_background, startup loads the model in a
-    thread (the server answers /health 503 meanwhile); otherwise call state.attach() yourself."""
+    """The ASGI app over a ServerState. With load_in_background, startup runs state.load() in a
+    thread (a MODEL loads while /health answers 503); otherwise call state.attach() yourself."""
     c = state.config
-    middleware = [Middleware(_CountRequests, state=state),
+    middleware = [Middleware(_ReleaseHolds, state=state), Middleware(_CountRequests, state=state),
                   Middleware(SecurityMiddleware, config=c)]
     if c.cors_origins:
         # inside the Host check; preflight OPTIONS passes the key check (browsers send no key)
@@ -228,7 +237,7 @@ def create_app(state: ServerState, *, load_in_background: bool = True) -> Starle
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if load_in_background and state.engine is None:
+        if load_in_background and not state.models.slots:
             threading.Thread(target=state.load, name="edged-load", daemon=True).start()
         try:
             yield

@@ -20,14 +20,14 @@ from edged.server.route_common import _chunk, _prepare, _respond, _submit
 
 
 async def chat_completions(request: Request) -> Response:
-    state, req, model = await _prepare(request, schemas.parse_chat)
-    tok = state.tokenizer
-    plan = chat_tools.plan_chat(state.chat.source, req.tool_request,
-                                req.reasoning_format or state.config.reasoning_format)
+    slot, req, model = await _prepare(request, schemas.parse_chat)
+    tok = slot.tokenizer
+    plan = chat_tools.plan_chat(slot.chat.source, req.tool_request,
+                                req.reasoning_format or slot.config.reasoning_format)
 
     def render_and_encode():
         messages, tools = chat_tools.render_inputs(plan, req.messages, req.tools)
-        text = state.chat.render(messages, add_generation_prompt=True, tools=tools)
+        text = slot.chat.render(messages, add_generation_prompt=True, tools=tools)
         chat_tools.note_prompt(plan, text)
         return tok.encode(text, add_special=True, parse_special=True)
 
@@ -36,7 +36,7 @@ async def chat_completions(request: Request) -> Response:
     options = None
     if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
         options = functools.partial(chat_tools.constraint_options, plan, response=req.constraint)
-    gen = await _submit(state, rid, [ids], req, lambda p: state.max_len - p, options)
+    gen = await _submit(slot, rid, [ids], req, lambda p: slot.max_len - p, options)
     head = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model}
     tt = TokenText(tok)
 

@@ -49,6 +49,12 @@ class ServerConfig:
     warmup: bool = True
     backend: str = "auto"  # auto | cpu | cuda
     gpu_layers: str = "auto"  # a layer count or auto
+    # several models (edged serve without MODEL serves the model store; docs/SERVER.md)
+    keep_alive: float = 300.0  # seconds an idle model stays loaded (math.inf: for good, 0: unload at once)
+    load_timeout: float = 300.0  # seconds a request waits for its model to load before a 503
+    max_loaded_models: int = 3  # models loaded at once (0: no limit)
+    max_memory: str | None = None  # weights + KV + workspace of the loaded models: "8GiB" or 0.5 of RAM
+    preload: tuple[str, ...] = ()  # store models to start loading at startup
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -63,6 +69,13 @@ class ServerConfig:
             raise ValueError("--max-queue must be >= 0")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must be >= 0")
+        if self.load_timeout <= 0:
+            raise ValueError("--load-timeout must be > 0")
+        if self.max_loaded_models < 0:
+            raise ValueError("--max-loaded-models must be >= 0 (0: no limit)")
+        from edged.server.model_memory import parse_max_memory
+
+        parse_max_memory(self.max_memory)
         if self.reasoning_format not in ("none", "auto"):
             raise ValueError(f"--reasoning-format must be none or auto, got {self.reasoning_format!r}")
         if self.backend not in ("auto", "cpu", "cuda"):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from edged.engine.stream import Delta
 from edged.sampling import SamplingParams
 from edged.server.errors import bad_request
-from edged.server.lifecycle import ServerState
+from edged.server.model_slot import ModelSlot
 
 
 @dataclass
@@ -44,8 +44,8 @@ class Generation:
     `gen.close()` (in a finally) so a vanished client frees its KV blocks at the next step.
     """
 
-    def __init__(self, state: ServerState, request_id: str):
-        self.state = state
+    def __init__(self, slot: ModelSlot, request_id: str):
+        self.slot = slot
         self.request_id = request_id
         self.choices: list[Choice] = []
         self.arrival = time.monotonic()
@@ -59,7 +59,7 @@ class Generation:
         """Queue n choices per prompt (choice index = prompt index x n + k). max_tokens None means
         default_max_tokens(prompt_len); constraints: one RequestConstraint per choice, or None.
         Raises APIError 400/503 before anything runs."""
-        st = self.state
+        st = self.slot
         limit = st.max_len
         for ids in prompts:
             mt = max_tokens if max_tokens is not None else default_max_tokens(len(ids))
@@ -95,7 +95,7 @@ class Generation:
         wake-up of the loop)."""
         if self._closed or c.finished:  # closed, or aborted by close(): nobody reads these
             return
-        m = self.state.metrics
+        m = self.slot.metrics
         now = time.monotonic()
         if d.token_id is not None:
             if c.first_token_at is None:
@@ -114,9 +114,9 @@ class Generation:
         if not c.finished:
             c.finished = True
             c.finish_reason = reason
-            self.state.live_ids.discard(c.request_id)
-            self.state.metrics.finished.labels(reason).inc()
-            self.state.release(1)
+            self.slot.live_ids.discard(c.request_id)
+            self.slot.metrics.finished.labels(reason).inc()
+            self.slot.release(1)
             self._reserved -= 1
 
     async def events(self):
@@ -138,11 +138,11 @@ class Generation:
         """Abort what is still running (a no-op once everything finished). Idempotent."""
         for c in self.choices:
             if not c.finished:
-                self.state.engine.abort(c.request_id)
+                self.slot.engine.abort(c.request_id)
                 self._finish(c, "abort")
         self._closed = True
         if self._reserved > 0:  # reserved but never submitted (add_request raised)
-            self.state.release(self._reserved)
+            self.slot.release(self._reserved)
             self._reserved = 0
 
     @property

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edged.server.errors import APIError
 from edged.server.generation import Generation, until_disconnect
 from edged.server.lifecycle import ServerState
+from edged.server.model_slot import ModelSlot
 from edged.server.responses import SSEResponse, sse, usage
+from edged.server.schemas import requested_model
 from edged.server.security import BodyTooLarge
 
 
@@ -30,31 +30,37 @@ async def _json_body(request: Request):
         raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
 
 
-def _check_model(state: ServerState, model: str | None) -> str:
-    """The model id to echo back; 404 for a model this server does not serve."""
-    name = state.model_name
-    if model is None or model in _model_names(state):
-        return name
-    raise APIError(404, f"model '{model}' not found; this server serves '{name}'", param="model",
-                   code="model_not_found")
+HOLDS = "edged.holds"  # scope key: the Holds a request took (released by app._ReleaseHolds)
 
 
-def _model_names(state: ServerState) -> set[str]:
-    names = {state.model_name}
-    if state.model_path:
-        p = Path(state.model_path)
-        names.update({p.name, p.stem, str(p)})
-    return names
+async def model_slot(request: Request, model: str | None) -> ModelSlot:
+    """The loaded slot for a request's `model` (None: the default), held until the response
+    ends; waits for the model to load (--load-timeout). 503 when the server does not serve,
+    404 naming the available models for an unknown one."""
+    state: ServerState = request.app.state.edged
+    state.check_serving()
+    slot = state.models.resolve(model)
+    hold = state.models.hold(slot)
+    request.scope.setdefault(HOLDS, []).append(hold)
+    await state.models.ready(slot)
+    return slot
+
+
+def set_keep_alive(request: Request, keep_alive: float | None) -> None:
+    """The request's keep_alive (seconds; None: --keep-alive) for the models it holds."""
+    for hold in request.scope.get(HOLDS, ()):
+        hold.keep_alive = keep_alive
 
 
 async def _prepare(request: Request, parse):
-    """Shared by chat and completions: 503 if not serving, parse, model check."""
-    state: ServerState = request.app.state.edged
-    state.check_serving()
+    """Shared by chat and completions: 503 if not serving, the model (loaded, and held for the
+    request), parse. Returns (slot, request, model id)."""
+    request.app.state.edged.check_serving()
     body = await _json_body(request)
-    req = parse(body, state.tokenizer.vocab_size)
-    model = _check_model(state, req.model)
-    return state, req, model
+    slot = await model_slot(request, requested_model(body))
+    req = parse(body, slot.tokenizer.vocab_size)
+    set_keep_alive(request, req.keep_alive)
+    return slot, req, slot.model_name
 
 
 def _error_finish(gen: Generation):
@@ -66,7 +72,7 @@ def _error_finish(gen: Generation):
     return None
 
 
-async def _constraints(state: ServerState, constraint, count: int, options=None) -> list | None:
+async def _constraints(slot: ModelSlot, constraint, count: int, options=None) -> list | None:
     """One RequestConstraint per choice, or None. The grammar compiles (and the model's llguidance
     tokenizer is built, the first time) off the event loop; a bad grammar is a 400 naming its field.
     options(grammars) -> (constraint, request_constraint keywords) when given."""
@@ -74,7 +80,7 @@ async def _constraints(state: ServerState, constraint, count: int, options=None)
         return None
 
     def build():
-        grammars = state.grammars()
+        grammars = slot.grammars()
         c, kw = options(grammars) if options is not None else (constraint, {})
         if c is None:
             return None
@@ -84,11 +90,11 @@ async def _constraints(state: ServerState, constraint, count: int, options=None)
     return await asyncio.to_thread(build)
 
 
-async def _submit(state: ServerState, rid: str, prompts: list, req, default_max_tokens,
+async def _submit(slot: ModelSlot, rid: str, prompts: list, req, default_max_tokens,
                   options=None) -> Generation:
     """A Generation with every choice of `req` queued (closed again if queueing fails)."""
-    constraints = await _constraints(state, req.constraint, len(prompts) * req.n, options)
-    gen = Generation(state, rid)
+    constraints = await _constraints(slot, req.constraint, len(prompts) * req.n, options)
+    gen = Generation(slot, rid)
     try:
         gen.submit(prompts, req.params, req.n, req.max_tokens, default_max_tokens, req.top_logprobs,
                    constraints)

@@ -13,6 +13,7 @@ from typing import Any
 
 from edged.sampling import SamplingParams
 from edged.server.errors import APIError, bad_request
+from edged.server.keep_alive import parse_keep_alive
 from edged.structured import Constraint, ConstraintError, constraint_from_request
 from edged.toolcall import ToolRequest, ToolError, parse_tool_request
 
@@ -38,6 +39,7 @@ class GenerationRequest:
     top_logprobs: int | None = None  # None: no logprobs; 0..20: chosen token (+ that many top)
     # response_format / json_schema / grammar / structured_outputs (edged.structured.forms)
     constraint: Constraint | None = None
+    keep_alive: float | None = None  # seconds the model stays loaded afterwards; None: --keep-alive
 
 
 @dataclass
@@ -221,7 +223,26 @@ def _common(body: Any, vocab_size: int) -> dict:
         raise bad_request(str(e)) from None
     return dict(model=model, params=params, n=_int(body, "n", lo=1, hi=MAX_N, default=1),
                 stream=stream, include_usage=include_usage, max_tokens=max_tokens,
-                constraint=constraint)
+                constraint=constraint, keep_alive=_keep_alive(body))
+
+
+def _keep_alive(body: dict) -> float | None:
+    """Ollama's keep_alive, an extension field: "5m", seconds, 0 (unload after), -1 (never)."""
+    v = _opt(body, "keep_alive")
+    if v is _MISSING:
+        return None
+    try:
+        return parse_keep_alive(v)
+    except ValueError as e:
+        raise bad_request(str(e), "keep_alive") from None
+
+
+def requested_model(body: Any) -> str | None:
+    """The body's `model` (None when absent), checked before the model is loaded to parse the
+    rest against its vocabulary."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
+    return _str(body, "model")
 
 
 # -- endpoints -------------------------------------------------------------------------------------

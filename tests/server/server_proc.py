@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -69,13 +70,29 @@ class ServerProcess:
         return self.proc.returncode
 
     def metrics(self) -> dict[str, float]:
-        """Unlabelled samples of /metrics as name -> value."""
+        """Unlabelled samples of /metrics as name -> value; the per-model engine series (only a
+        `model` label) summed over the loaded models."""
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            if not labels:
+                out[name] = float(value)
+            elif re.fullmatch(r'model="[^"]*"\}', labels):
+                out[name] = out.get(name, 0.0) + float(value)
+        return out
+
+    def model_metrics(self, model: str) -> dict[str, float]:
+        """The samples labelled model=`model` as name -> value (other labels kept in the name)."""
         text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
         out = {}
         for line in text.splitlines():
-            if line and not line.startswith("#") and "{" not in line:
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
+            if line and not line.startswith("#") and f'model="{model}"' in line:
+                series, value = line.rsplit(" ", 1)
+                out[series.replace(f'model="{model}",', "").replace(f'{{model="{model}"}}', "")] = float(value)
         return out
 
 

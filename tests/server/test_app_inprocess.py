@@ -271,7 +271,7 @@ def test_queue_full_is_503(tiny):
 
 def test_engine_blocks_free_after_requests(client):
     client.post(COMP, json={"prompt": "abc", "max_tokens": 3})
-    st = client.app.state.edged
-    assert st.in_flight == 0
+    st = client.app.state.edged.models.resolve("tiny")
+    assert st.in_flight == 0 and st.holds == 0
     s = st.engine.stats()
     assert s.running == 0 and s.waiting == 0 and s.blocks_free == s.blocks_total
