@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,15 +13,42 @@ import numpy as np
 
 from edged.backends.base import Batch
 from edged.chat import ChatTemplate
+from edged.chat_limits import ChatTemplateError
 from edged.model_path import resolve_model_path
-from edged.models import load_model
-from edged.offload import Placement, apply as apply_placement, plan as plan_placement
+from edged.models import ModelError, load_model
+from edged.offload import OffloadError, Placement, apply as apply_placement, plan as plan_placement
 from edged.progress import Progress
 from edged.quant import GGUFFile, load_gguf
-from edged.tokenizer import Tokenizer
+from edged.quant.errors import GGUFError
+from edged.tokenizer import Tokenizer, TokenizerError
 
 # token counts whose forward passes compile every kernel path (mat-vec and tiled batch)
 _WARMUP_SIZES = (1, 17)
+
+# errors whose messages already name the file, key or tensor; other value/arithmetic errors do not
+_NAMED_ERRORS = (ModelError, GGUFError, TokenizerError, ChatTemplateError, OffloadError)
+
+
+@contextmanager
+def model_errors(path):
+    """The loader's last guard: an arithmetic or value error that escaped the validation while the
+    model is built or first run becomes a ModelError naming the file (never a bare ZeroDivisionError)."""
+    try:
+        yield
+    except _NAMED_ERRORS:
+        raise
+    except (ArithmeticError, ValueError) as e:  # OverflowError, ZeroDivisionError, numpy's ValueErrors
+        raise ModelError(f"{path}: the model cannot be built from this file "
+                         f"({type(e).__name__}: {e})") from e
+
+
+def check_vocab(path, tokenizer: Tokenizer, model) -> None:
+    """Every token id the tokenizer can produce must have an embedding row (more rows is fine:
+    converters pad the embedding)."""
+    if tokenizer.vocab_size > model.vocab_size:
+        raise ModelError(f"{path}: tokenizer.ggml.tokens has {tokenizer.vocab_size} tokens but "
+                         f"token_embd.weight has {model.vocab_size} rows: token ids "
+                         f"{model.vocab_size}..{tokenizer.vocab_size - 1} have no embedding")
 
 
 @dataclass
@@ -79,13 +107,14 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
     """
     path = resolve_model_path(model)
     t0 = time.perf_counter()
-    with Progress("loading model", 3) as p:
+    with Progress("loading model", 3) as p, model_errors(path):
         gf = load_gguf(path)
         p.advance(1, "validated GGUF")
         tokenizer = Tokenizer.from_gguf(gf)
         chat = ChatTemplate.from_gguf(gf, override=chat_template)
         p.advance(1, "tokenizer")
         m = load_model(gf)
+        check_vocab(path, tokenizer, m)
         if callable(kv_tokens):  # sized from the model (e.g. a --kv-memory budget)
             kv_tokens = kv_tokens(m)
         placement = plan_placement(m, backend, gpu_layers, kv_tokens=kv_tokens, batch_tokens=batch_tokens)
@@ -94,7 +123,7 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
     load_s = time.perf_counter() - t0
     compile_s = 0.0
     if warmup:
-        with Progress("compiling kernels", len(_WARMUP_SIZES)) as p:
+        with Progress("compiling kernels", len(_WARMUP_SIZES)) as p, model_errors(path):
             compile_s = _in_short_lived_thread(warm_up, m, progress=p)
     if not quiet:
         print(f"edged: loaded {path.name} ({gf.architecture}) in {load_s:.2f} s; "

@@ -21,7 +21,7 @@ import math
 from edged.backends.base import RopeParams
 from edged.models.decoder import (DecoderModel, LayerWeights, attention_weights,
                                   embeddings_and_output, ffn_weights, vocab_rows)
-from edged.models.hparams import read_hparams
+from edged.models.hparams import fail, finite_positive, read_hparams
 from edged.models.tensors import TensorSet
 
 ARCH = "gemma3"
@@ -38,6 +38,10 @@ def load(gf, ops) -> DecoderModel:
     """Load a gemma3-architecture GGUF."""
     ts = TensorSet(gf)
     hp = read_hparams(gf, vocab_rows(ts))
+    if hp.sliding_window > hp.context_length:
+        fail(gf.path, "gemma3.attention.sliding_window", hp.sliding_window,
+             f"must be at most gemma3.context_length = {hp.context_length} (0: no window)")
+    softcap = finite_positive(gf, "gemma3.final_logit_softcapping", default=None)  # None: absent
     hp.extra["rope_base_swa"] = ROPE_BASE_SWA
     hp.extra["swa_pattern"] = SWA_PATTERN
     rope_global = RopeParams(dim=hp.rope_dim, freq_base=hp.rope_base, neox=True,
@@ -62,6 +66,6 @@ def load(gf, ops) -> DecoderModel:
         attn_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_heads)
     else:
         attn_scale = 1.0 / math.sqrt(hp.head_dim)
-    softcap = 0.0 if hp.sliding_window else gf.get_float("gemma3.final_logit_softcapping", default=0.0)
+    softcap = 0.0 if hp.sliding_window or softcap is None else softcap
     return DecoderModel(hp, tok, norm, out, layers, ops, attn_scale=attn_scale, ffn_act="gelu_tanh",
                         embed_scale=math.sqrt(hp.n_embd), final_softcap=softcap)

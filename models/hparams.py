@@ -1,9 +1,22 @@
 """Hyper-parameters shared by the decoder architectures, read from GGUF metadata through the
-typed accessors of `edged.quant.GGUFFile` (each checks the stored value type)."""
+typed accessors of `edged.quant.GGUFFile` (each checks the stored value type) and validated as they
+are read: a value that is out of range, not finite, or inconsistent with another key or with the
+tensors is a ModelError naming the key and the value, never a NaN in the logits later."""
 
+import math
+import re
 from dataclasses import dataclass, field
+from typing import NoReturn
+
+import numpy as np
 
 from edged.models.errors import ModelError
+
+INT_MAX = 2**31 - 1  # token ids, positions and rows are int32 in the kernels
+ROPE_ANGLE_MAX = 1e30  # the largest RoPE angle (float32) over the context: far below float32 max
+_F32_MAX = float(np.finfo(np.float32).max)
+_REQUIRED = object()
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.")
 
 
 @dataclass
@@ -40,61 +53,133 @@ class HParams:
 SUPPORTED_ROPE_SCALING = ("none", "linear", "llama3")
 
 
+# --- validators: read a key and check it; ModelError "<file>: <key> = <value>: <why>" --------------
+def fail(path, key: str, value, why: str) -> NoReturn:
+    raise ModelError(f"{path}: {key} = {value!r}: {why}")
+
+
+def _absent(gf, key: str, default) -> bool:
+    """An optional key the file does not have: its default is used unchecked."""
+    return default is not _REQUIRED and key not in gf
+
+
+def _finite32(v: float) -> bool:
+    """Finite, also once rounded to float32 (what the kernels compute with)."""
+    return math.isfinite(v) and abs(v) <= _F32_MAX
+
+
+def int_range(gf, key: str, lo: int = 1, hi: int = INT_MAX, default=_REQUIRED) -> int:
+    """An integer key in [lo, hi]."""
+    if _absent(gf, key, default):
+        return default
+    v = gf.get_int(key)
+    if not lo <= v <= hi:
+        fail(gf.path, key, v, f"must be in [{lo}, {hi}]")
+    return v
+
+
+def finite_positive(gf, key: str, default=_REQUIRED, zero_means_unset: bool = False) -> float:
+    """A float key, finite and > 0 (or exactly 0 where llama.cpp reads 0 as "not set")."""
+    if _absent(gf, key, default):
+        return default
+    v = gf.get_float(key)
+    if not (_finite32(v) and (v > 0 or (zero_means_unset and v == 0))):
+        fail(gf.path, key, v, "must be finite and >= 0 (0: not set)" if zero_means_unset
+             else "must be finite and > 0")
+    return v
+
+
+def in_open_interval(gf, key: str, lo: float, hi: float, default=_REQUIRED) -> float:
+    """A float key in the open interval (lo, hi), also after rounding to float32."""
+    if _absent(gf, key, default):
+        return default
+    v = gf.get_float(key)
+    if not (lo < v < hi and lo < float(np.float32(v)) < hi):
+        fail(gf.path, key, v, f"must be finite and in ({lo:g}, {hi:g})")
+    return v
+
+
+def file_blocks(gf) -> int:
+    """1 + the highest N of the file's blk.N.* tensors (0 without any)."""
+    ids = [int(m.group(1)) for name in gf.tensors if (m := _BLOCK_RE.match(name))]
+    return max(ids) + 1 if ids else 0
+
+
+def check_rope_angles(path, keys: str, hp: HParams, min_factor: float = 1.0) -> None:
+    """The largest RoPE angle, position * freq_scale * base^(-2i/dim) / factor_i over the context,
+    must stay far from float32 overflow (sin/cos of inf is NaN). Computed in logs: no overflow here."""
+    d = hp.rope_dim
+    log_rate = math.log(hp.rope_freq_scale) - math.log(min_factor)
+    log_rate += max(0.0, -(d - 2) / d * math.log(hp.rope_base))  # base < 1: the last pair is fastest
+    if math.log(max(hp.context_length - 1, 1)) + log_rate > math.log(ROPE_ANGLE_MAX):
+        raise ModelError(f"{path}: {keys}: RoPE angles over the {hp.context_length}-token context "
+                         f"overflow float32 (base {hp.rope_base!r}, freq_scale {hp.rope_freq_scale!r}, "
+                         f"smallest factor {min_factor!r})")
+
+
 def read_hparams(gf, vocab_size: int) -> HParams:
     """Common hyper-parameters of `gf.architecture`; `vocab_size` from the token_embd tensor.
 
-    Raises ModelError for values that make no sense (zero heads, head count not dividing, ...).
+    Raises ModelError naming the key and value for values that make no sense (see module docstring).
     """
-    arch = gf.architecture
+    arch, path = gf.architecture, gf.path
 
     def key(suffix):
         return f"{arch}.{suffix}"
 
-    n_embd = gf.get_int(key("embedding_length"))
-    n_heads = gf.get_int(key("attention.head_count"))
-    if n_heads <= 0 or n_embd <= 0:
-        raise ModelError(f"{gf.path}: {key('attention.head_count')}={n_heads}, "
-                         f"{key('embedding_length')}={n_embd}: must be positive")
-    n_kv_heads = gf.get_int(key("attention.head_count_kv"), default=n_heads)
-    head_dim = gf.get_int(key("attention.key_length"), default=n_embd // n_heads)
-    head_dim_v = gf.get_int(key("attention.value_length"), default=head_dim)
-    if n_kv_heads <= 0 or n_heads % n_kv_heads:
-        raise ModelError(f"{gf.path}: {key('attention.head_count_kv')}={n_kv_heads} must divide "
-                         f"{key('attention.head_count')}={n_heads}")
-    if head_dim <= 0 or head_dim % 2 or head_dim_v != head_dim:
-        raise ModelError(f"{gf.path}: head dims key_length={head_dim}, value_length={head_dim_v}: "
-                         "must be equal, even and positive")
-    rope_dim = gf.get_int(key("rope.dimension_count"), default=head_dim)
-    if rope_dim <= 0 or rope_dim % 2 or rope_dim > head_dim:
-        raise ModelError(f"{gf.path}: {key('rope.dimension_count')}={rope_dim}: must be even and "
-                         f"at most the head dim {head_dim}")
+    n_embd = int_range(gf, key("embedding_length"))
+    n_heads = int_range(gf, key("attention.head_count"))
+    n_kv_heads = int_range(gf, key("attention.head_count_kv"), hi=n_heads, default=n_heads)
+    if n_heads % n_kv_heads:
+        fail(path, key("attention.head_count_kv"), n_kv_heads,
+             f"must divide {key('attention.head_count')} = {n_heads}")
+    if key("attention.key_length") in gf:
+        head_dim = int_range(gf, key("attention.key_length"))
+    elif n_embd % n_heads:
+        fail(path, key("embedding_length"), n_embd, f"must be a multiple of {key('attention.head_count')} "
+             f"= {n_heads} when {key('attention.key_length')} is absent")
+    else:
+        head_dim = n_embd // n_heads
+    if head_dim % 2:
+        fail(path, key("attention.key_length"), head_dim, "the head dim must be even (RoPE pairs)")
+    head_dim_v = int_range(gf, key("attention.value_length"), default=head_dim)
+    if head_dim_v != head_dim:
+        fail(path, key("attention.value_length"), head_dim_v,
+             f"must equal the key head dim {key('attention.key_length')} = {head_dim}")
+    rope_dim = int_range(gf, key("rope.dimension_count"), hi=head_dim, default=head_dim)
+    if rope_dim % 2:
+        fail(path, key("rope.dimension_count"), rope_dim, f"must be even and at most the head dim {head_dim}")
+    n_layers = int_range(gf, key("block_count"))
+    if n_layers != file_blocks(gf):
+        fail(path, key("block_count"), n_layers, f"the file has tensors of {file_blocks(gf)} blocks")
     scaling = gf.get_str(key("rope.scaling.type"), default="none")
-    factor = gf.get_float(key("rope.scaling.factor"), default=0.0)
-    legacy_linear = gf.get_float(key("rope.scale_linear"), default=0.0)
+    factor = finite_positive(gf, key("rope.scaling.factor"), default=0.0, zero_means_unset=True)
+    legacy_linear = finite_positive(gf, key("rope.scale_linear"), default=0.0, zero_means_unset=True)
     if scaling == "none" and legacy_linear > 0:
         scaling, factor = "linear", legacy_linear  # older converters wrote only this key
     if scaling not in SUPPORTED_ROPE_SCALING:
-        raise ModelError(f"{gf.path}: {key('rope.scaling.type')}={scaling!r} is not supported; "
+        raise ModelError(f"{path}: {key('rope.scaling.type')}={scaling!r} is not supported; "
                          f"supported: {', '.join(SUPPORTED_ROPE_SCALING)}")
-    n_vocab_meta = gf.get_int(key("vocab_size"), default=vocab_size)
+    n_vocab_meta = int_range(gf, key("vocab_size"), default=vocab_size)
     if n_vocab_meta != vocab_size:
-        raise ModelError(f"{gf.path}: {key('vocab_size')}={n_vocab_meta} but token_embd.weight has "
-                         f"{vocab_size} rows")
-    return HParams(
+        fail(path, key("vocab_size"), n_vocab_meta, f"token_embd.weight has {vocab_size} rows")
+    hp = HParams(
         arch=arch,
-        n_layers=gf.get_int(key("block_count")),
+        n_layers=n_layers,
         n_embd=n_embd,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
         head_dim_v=head_dim_v,
-        n_ff=gf.get_int(key("feed_forward_length")),
-        eps=gf.get_float(key("attention.layer_norm_rms_epsilon")),
+        n_ff=int_range(gf, key("feed_forward_length")),
+        eps=in_open_interval(gf, key("attention.layer_norm_rms_epsilon"), 0.0, 1.0),
         rope_dim=rope_dim,
-        rope_base=gf.get_float(key("rope.freq_base"), default=10000.0),
+        rope_base=finite_positive(gf, key("rope.freq_base"), default=10000.0),
         rope_scaling=scaling,
         rope_scale_factor=factor if factor > 0 else 1.0,
-        context_length=gf.get_int(key("context_length")),
-        sliding_window=gf.get_int(key("attention.sliding_window"), default=0),
+        context_length=int_range(gf, key("context_length")),
+        sliding_window=int_range(gf, key("attention.sliding_window"), lo=0, default=0),  # 0: none
         vocab_size=vocab_size,
     )
+    check_rope_angles(path, f"{key('rope.freq_base')}, {key('rope.scaling.factor')}", hp)
+    return hp

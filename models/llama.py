@@ -11,11 +11,13 @@ forward: pre-norm block of models/decoder.py with SiLU-gated FFN, scale 1/sqrt(h
 
 import math
 
+import numpy as np
+
 from edged.backends.base import RopeParams
 from edged.models.decoder import (DecoderModel, LayerWeights, attention_weights,
                                   embeddings_and_output, ffn_weights, vocab_rows)
 from edged.models.errors import ModelError
-from edged.models.hparams import read_hparams
+from edged.models.hparams import check_rope_angles, read_hparams
 from edged.models.tensors import TensorSet
 
 ARCH = "llama"
@@ -27,6 +29,13 @@ def rope_params(ts, hp, neox: bool) -> RopeParams:
     if hp.rope_scaling == "llama3" and factors is None:
         raise ModelError(f"{ts.path}: rope scaling 'llama3' needs the tensor 'rope_freqs.weight' "
                          f"(shape ({hp.rope_dim // 2},))")
+    if factors is not None:  # per-frequency divisors: a zero, negative or NaN one breaks every angle
+        bad = np.flatnonzero(~(np.isfinite(factors) & (factors > 0)))
+        if len(bad):
+            raise ModelError(f"{ts.path}: tensor 'rope_freqs.weight'[{int(bad[0])}] = "
+                             f"{float(factors[bad[0]])!r}: must be finite and > 0")
+        check_rope_angles(ts.path, f"{hp.arch}.rope.freq_base, tensor 'rope_freqs.weight'", hp,
+                          min_factor=float(factors.min()))
     return RopeParams(dim=hp.rope_dim, freq_base=hp.rope_base, neox=neox,
                       freq_scale=hp.rope_freq_scale, freq_factors=factors)
 

@@ -250,9 +250,9 @@ def write_tiny_model(path, arch: str, *, seed: int = 0, omit: tuple = (), reshap
     if spec.rope_scaling == "linear":
         wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         wr.add_rope_scaling_factor(2.0)
-    for k, v in spec.extra_kv.items():
-        wr.add_key_value(k, v[0], v[1])
     _write_tokenizer(wr, spec)
+    for k, v in spec.extra_kv.items():  # last: they may replace any key written above
+        wr.add_key_value(k, v[0], v[1])
     for tname, (arr, raw_dtype) in tensors.items():
         if tname in omit:
             continue

@@ -66,7 +66,7 @@ def test_unsupported_rope_scaling(tmp_path):
 
 def test_bad_head_counts(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", n_kv_heads=3)
-    with pytest.raises(ModelError, match=r"head_count_kv.*=3 must divide"):
+    with pytest.raises(ModelError, match=r"llama\.attention\.head_count_kv = 3: must divide llama\.attention\.head_count = 4"):
         _load(path)
 
 
