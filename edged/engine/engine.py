@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from edged.engine.masks import StepMasks
+from edged.engine.nonfinite import NonFiniteLogits, nonfinite_rows
 from edged.engine.output import OutputState
 from edged.engine.request import Request
 from edged.engine.runner import build_batch
@@ -73,6 +74,7 @@ class EngineStats:
     window_tokens_in_kv: int = 0  # tokens that pool must hold: min(computed, window - 1) + in step
     kv_bytes_used: int = 0  # bytes of the blocks held by requests, both pools
     kv_bytes_needed: int = 0  # bytes the held tokens need: tokens per pool x its bytes per token
+    nonfinite_rows: int = 0  # sampled rows whose logits held NaN or inf (each failed its request)
 
 
 class StepTimer(Protocol):
@@ -133,6 +135,7 @@ class Engine:
         self._last_step_s = 0.0
         self._prompt_tokens = 0
         self._generated_tokens = 0
+        self._nonfinite_rows = 0
         self.step_timer: StepTimer | None = None  # read once per step: may be set while running
 
     def _init_kv(self, model, config: EngineConfig) -> None:
@@ -235,7 +238,8 @@ class Engine:
             window_blocks_cached_free=w.num_cached_free if w is not None else 0,
             window_blocks_free=w.num_free if w is not None else 0, window_tokens_in_kv=window_tokens,
             kv_bytes_used=p.block_size * (p.num_used * bpt + window_used * window_bpt),
-            kv_bytes_needed=tokens * bpt + window_tokens * window_bpt)
+            kv_bytes_needed=tokens * bpt + window_tokens * window_bpt,
+            nonfinite_rows=self._nonfinite_rows)
 
     def generate(self, prompt_ids, params: SamplingParams) -> list[Delta]:
         """Blocking convenience: run one request to completion (engine must be started)."""
@@ -306,8 +310,9 @@ class Engine:
         self._in_flight = {}
         timer.phase("update")
         if samplers:
+            bad = nonfinite_rows(logits)  # before the grammar masks add their -inf
             logits, failed = self.masks.apply(masked, logits)
-            results = self._sample(logits, lives)
+            results = self._sample_finite(logits, lives, bad) if bad else self._sample(logits, lives)
             for r, err in failed.items():
                 results[r] = RuntimeError(err)
             timer.phase("sample", len(lives))
@@ -315,6 +320,20 @@ class Engine:
             timer.phase("deliver")
         self._steps += 1
         self._last_step_s = time.perf_counter() - t0
+
+    def _sample_finite(self, logits: np.ndarray, lives: list[_Live], bad: list[int]) -> list:
+        """Like _sample, for the finite rows only; each row in `bad` gets NonFiniteLogits."""
+        self._nonfinite_rows += len(bad)
+        results: list = [None] * len(lives)
+        for r in bad:
+            req = lives[r].req
+            results[r] = NonFiniteLogits(req.num_tokens - 1)
+            log.warning("request %s: %s", req.request_id, results[r])
+        good = [r for r in range(len(lives)) if results[r] is None]
+        if good:
+            for r, res in zip(good, self._sample(logits[good], [lives[r] for r in good])):
+                results[r] = res
+        return results
 
     def _sample(self, logits: np.ndarray, lives: list[_Live]) -> list:
         """(token, logprob info) per row, or the exception that row's sampling raised."""
@@ -339,7 +358,8 @@ class Engine:
         out, max_len = self._outbox, self.max_len
         for lv, res in zip(lives, results):
             if isinstance(res, Exception):
-                self._finish(lv, "error", error=f"{type(res).__name__}: {res}")
+                error = str(res) if isinstance(res, NonFiniteLogits) else f"{type(res).__name__}: {res}"
+                self._finish(lv, "error", error=error)
                 continue
             token, info = res
             req = lv.req

@@ -54,6 +54,8 @@ class _EngineCollector:
         counter("edged_preemptions", "Requests preempted (recomputed) for lack of KV blocks.",
                 s.preemptions)
         counter("edged_engine_steps", "Engine steps run.", s.steps)
+        counter("edged_nonfinite_logits", "Sampled rows whose logits were not finite (NaN or inf); "
+                "each failed its request.", s.nonfinite_rows)
         ratio = s.blocks_used / s.blocks_total if s.blocks_total else 0.0
         gauge("edged_kv_usage_ratio", "Share of KV blocks held by requests (0..1).", ratio)
         gauge("edged_kv_blocks_total", "KV blocks in the pool.", s.blocks_total)

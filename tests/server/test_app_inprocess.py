@@ -275,3 +275,26 @@ def test_engine_blocks_free_after_requests(client):
     assert st.in_flight == 0 and st.holds == 0
     s = st.engine.stats()
     assert s.running == 0 and s.waiting == 0 and s.blocks_free == s.blocks_total
+
+
+class _NaNStub(StubModel):
+    """Logits that are never finite: the engine's non-finite guard fails each request (issue 18)."""
+
+    def forward(self, batch, kv):
+        logits = super().forward(batch, kv)
+        logits[:, 5] = float("nan")
+        return logits
+
+
+def test_nonfinite_logits_are_a_500_and_an_error_event(tiny):
+    state = ServerState(ServerConfig(model=str(tiny.path), ctx=256, max_seqs=4, block_size=4))
+    app = create_app(state, load_in_background=False)
+    state.attach(_NaNStub(tiny.tokenizer.vocab_size), tiny.tokenizer, tiny.chat, str(tiny.path))
+    why = "logits are not finite (NaN or inf) at position 1; the model file or its metadata is broken"
+    with TestClient(app, base_url="http://localhost") as c:
+        body = {"prompt": [5, 6], "max_tokens": 3}  # token ids: the first sampled row is at position 1
+        r = c.post(COMP, json=body)
+        assert r.status_code == 500 and r.json()["error"]["message"] == f"generation failed: {why}"
+        events = _stream(c, COMP, body)
+        assert [e["error"]["message"] for e in events if "error" in e] == [f"generation failed: {why}"]
+        assert 'edged_nonfinite_logits_total{model="tiny"} 2.0' in c.get("/metrics").text

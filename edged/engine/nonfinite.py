@@ -1,0 +1,24 @@
+"""The engine's non-finite guard: a sampled row whose logits hold NaN or inf (a broken model file or
+metadata) fails its own request with a clear error; the other rows of the batch sample as usual."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class NonFiniteLogits(Exception):
+    """The result of a row whose logits are not finite; its message is the request's error."""
+
+    def __init__(self, position: int):
+        super().__init__(f"logits are not finite (NaN or inf) at position {position}; "
+                         "the model file or its metadata is broken")
+        self.position = position
+
+
+def nonfinite_rows(logits: np.ndarray) -> list[int]:
+    """Rows of the [n, vocab] logits holding a NaN or an inf: one vectorised pass when all are finite
+    (about 25 us for one 262k-vocab row, see docs/ARCHITECTURE.md), a per-row pass only otherwise."""
+    finite = np.isfinite(logits)
+    if finite.all():
+        return []
+    return np.flatnonzero(~finite.all(axis=1)).tolist()
