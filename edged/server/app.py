@@ -23,6 +23,7 @@ from edged.server.errors import APIError, error_body, error_response, sse_error_
 from edged.server.generation import Generation
 from edged.server.lifecycle import FAILED, READY, ServerState
 from edged.server.metrics import CONTENT_TYPE
+from edged.server.ollama_routes import ollama_routes
 from edged.server.responses import SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged, usage
 from edged.server.route_common import (HOLDS, _chunk, _json_body, _prepare, _respond, _submit,
                                        model_slot)
@@ -185,6 +186,7 @@ ROUTES = [
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    *ollama_routes(),  # Ollama's API, /api/* (edged/server/ollama_routes.py)
 ]
 _ROUTE_LABELS = frozenset(r.path for r in ROUTES if "{" not in r.path)
 

@@ -1,0 +1,63 @@
+"""Ollama's API (/api/*) for the clients that speak it: generation in ollama_generation, model
+facts in ollama_models, pulls in ollama_pull. Every error is Ollama's {"error": message}."""
+
+from __future__ import annotations
+
+import functools
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edged.server import ollama_models, ollama_schemas
+from edged.server.ollama_generation import api_chat, api_generate
+from edged.server.ollama_pull import api_pull
+from edged.server.ollama_responses import error_response
+from edged.server.route_common import _json_body
+
+# the Ollama release whose API this implements (think, tools, format schemas, logprobs):
+# clients gate features on /api/version
+OLLAMA_VERSION = "0.12.0"
+
+
+def _ollama_errors(handler):
+    """Errors before the response starts as Ollama's {"error": ...} with their status."""
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as e:
+            return error_response(e)
+    return wrapped
+
+
+async def api_tags(request: Request) -> Response:
+    state = request.app.state.edged
+    return JSONResponse({"models": await run_in_threadpool(ollama_models.tags, state)})
+
+
+async def api_ps(request: Request) -> Response:
+    state = request.app.state.edged
+    return JSONResponse({"models": await run_in_threadpool(ollama_models.ps, state)})
+
+
+async def api_show(request: Request) -> Response:
+    state = request.app.state.edged
+    body = ollama_schemas.check_object(await _json_body(request))
+    model = ollama_schemas.model_name(body, old_name=True)
+    return JSONResponse(await run_in_threadpool(ollama_models.show, state, model))
+
+
+async def api_version(request: Request) -> Response:
+    from importlib.metadata import version
+
+    return JSONResponse({"version": OLLAMA_VERSION, "edged": version("edged")})
+
+
+def ollama_routes() -> list[Route]:
+    routes = [("/api/chat", api_chat, "POST"), ("/api/generate", api_generate, "POST"),
+              ("/api/tags", api_tags, "GET"), ("/api/ps", api_ps, "GET"),
+              ("/api/show", api_show, "POST"), ("/api/pull", api_pull, "POST"),
+              ("/api/version", api_version, "GET")]
+    return [Route(path, _ollama_errors(fn), methods=[method]) for path, fn, method in routes]
