@@ -153,7 +153,7 @@ class ModelStore:
                     self._install_links(staged, model, tag)
                     write_durably(f, tmp_path, self._manifest_path(model, tag))
                     if old is not None:
-                        self._drop_unused_blobs(old)
+                        self._drop_unused_blobs([f["sha256"] for f in old.files])
             finally:
                 f.close()
                 tmp_path.unlink(missing_ok=True)  # renamed away on success
@@ -180,7 +180,7 @@ class ModelStore:
             except OSError:
                 pass
             if m is not None:
-                self._drop_unused_blobs(m)
+                self._drop_unused_blobs([f["sha256"] for f in m.files])
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -239,16 +239,21 @@ class ModelStore:
         os.rename(staged, d)
         fsync_dir(d.parent)
 
-    def _drop_unused_blobs(self, m: Manifest) -> None:
-        """Deletes m's blobs that no manifest on disk references (caller holds the store lock)."""
+    def drop_unreferenced(self, sha256s) -> None:
+        """Deletes those blobs no manifest references (a failed pull's, say)."""
+        with file_lock(self.root / ".lock"):
+            self._drop_unused_blobs(sha256s)
+
+    def _drop_unused_blobs(self, sha256s) -> None:
+        """Deletes the blobs `sha256s` that no manifest on disk references (caller holds the store lock)."""
         used = set()
         for p in self.manifests.glob("*/*.json") if self.manifests.is_dir() else ():
             other = self._read(p.parent.name, p.stem)
             if other is not None:
                 used.update(f["sha256"] for f in other.files)
-        for f in m.files:
-            if f["sha256"] not in used:
-                self.blob_path(f["sha256"]).unlink(missing_ok=True)
+        for sha in sha256s:
+            if sha not in used:
+                self.blob_path(sha).unlink(missing_ok=True)
         if self.blobs.is_dir():
             fsync_dir(self.blobs)
 
