@@ -8,7 +8,10 @@ import click
 _COMMANDS = {
     "bench": "bench",
     "info": "info",
+    "list": "models_list",
+    "models": "models",
     "perplexity": "perplexity",
+    "pull": "pull",
     "run": "run",
     "serve": "serve",
 }
