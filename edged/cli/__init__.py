@@ -11,6 +11,7 @@ _COMMANDS = {
     "list": "models_list",
     "models": "models",
     "perplexity": "perplexity",
+    "ps": "ps",
     "pull": "pull",
     "run": "run",
     "serve": "serve",
