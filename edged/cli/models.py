@@ -48,8 +48,9 @@ def show(name: str, as_json: bool) -> None:
         ("context length", str(m.context_length)),
         ("chat template", "yes" if m.chat_template else "no (ChatML is used)"),
         ("size", f"{human_size(m.size)} ({m.size:,} bytes)"),
+        ("file type", m.file_type or "-"),
         ("tensor types", ", ".join(f"{t} {n}" for t, n in sorted(m.tensor_types.items(), key=lambda kv: -kv[1]))),
-        ("source", ", ".join(f"{k}={v}" for k, v in m.source.items())),
+        ("source", ", ".join(f"{k}={', '.join(v) if isinstance(v, list) else v}" for k, v in m.source.items())),
         ("created", modified(m.created) + " UTC"),
     ]
     for k, v in rows:

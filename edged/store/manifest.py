@@ -28,11 +28,14 @@ class Manifest:
     chat_template: bool
     source: dict  # {"kind": "pull", "package": ...} or {"kind": "import", "path": ...}
     created: str  # ISO 8601 UTC
+    file_type: str = ""  # general.file_type as llama.cpp names it ("Q4_K_M"); "" when the file has none
     extra: dict = field(default_factory=dict, compare=False)  # unknown keys of newer writers, kept
 
     @property
     def quantization(self) -> str:
-        """The most used tensor type other than F32 (norms are F32 in every quantized file)."""
+        """The file type ("Q4_K_M"), else the most used tensor type other than F32 (the norms)."""
+        if self.file_type:
+            return self.file_type
         counts = {t: n for t, n in self.tensor_types.items() if t != "F32"} or self.tensor_types
         return max(sorted(counts), key=lambda t: counts[t]) if counts else "-"
 
@@ -83,6 +86,7 @@ class Manifest:
             chat_template=get("chat_template", bool),
             source=get("source", dict),
             created=get("created", str),
+            file_type=d["file_type"] if isinstance(d.get("file_type"), str) else "",
             extra={k: v for k, v in d.items() if k not in known and k != "format"},
         )
 

@@ -141,7 +141,7 @@ class ModelStore:
             m = Manifest(name=f"{model}:{tag}", files=tuple(files), size=sum(f["size"] for f in files),
                          architecture=facts["architecture"], parameters=facts["parameters"],
                          tensor_types=facts["tensor_types"], context_length=facts["context_length"],
-                         chat_template=facts["chat_template"], source=dict(source),
+                         chat_template=facts["chat_template"], file_type=facts["file_type"], source=dict(source),
                          created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             tmp_path, f = self.temp.new_file("manifest-")
             try:

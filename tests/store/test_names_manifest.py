@@ -38,7 +38,8 @@ def test_manifest_round_trip_and_quantization():
     m = Manifest.from_dict(_manifest())
     assert Manifest.from_json(m.to_json()) == m
     assert m.to_dict()["files"] == [{"name": "m.gguf", "sha256": "ab" * 32, "size": 10}]
-    assert m.quantization == "Q4_K"  # the most used type apart from F32 norms
+    assert m.file_type == "" and m.quantization == "Q4_K"  # the most used type apart from F32 norms
+    assert Manifest.from_dict(_manifest(file_type="Q4_K_M")).quantization == "Q4_K_M"  # the file's own word
     assert json.loads(m.to_json())["format"] == 1
 
 

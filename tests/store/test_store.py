@@ -41,6 +41,7 @@ def test_import_list_get_resolve_remove(store, tmp_path):
     m = store.import_path(src)
     assert m.name == "tiny-llama.q8:latest"  # the file stem, lower-cased
     assert m.architecture == "llama" and m.context_length == 256 and m.chat_template is False
+    assert m.file_type == "Q8_0"  # general.file_type MOSTLY_Q8_0, as llama.cpp names it
     assert m.files[0]["name"] == "Tiny-Llama.Q8.gguf" and m.size == src.stat().st_size
     assert m.source == {"kind": "import", "path": str(src.resolve())}
     gf = load_gguf(src)
