@@ -154,3 +154,19 @@ def test_bad_catalogue_entries_are_named(tmp_path, entry, needle):
     with pytest.raises(StoreError) as ei:
         load_catalogue(p)
     assert str(p) in str(ei.value) and "'mine'" in str(ei.value) and needle in str(ei.value)
+
+
+@pytest.mark.e2e
+def test_concurrent_pulls_of_one_model(mirror):
+    import subprocess
+    import sys
+
+    store, _ = mirror
+    cmd = [sys.executable, "-c", "from edged.cli import main; main()", "pull", "tiny-chat"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert sum("pulled tiny-chat:latest" in o for o in outs) == 1, outs  # the others waited, then found it
+    assert sum("is up to date" in o for o in outs) == 2, outs
+    assert [m.name for m in store.list()] == ["tiny-chat:latest"] and len(list((store.root / "blobs").iterdir())) == 1
+    assert list((store.root / "tmp").iterdir()) == []
