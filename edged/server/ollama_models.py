@@ -11,7 +11,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from edged.server.errors import bad_request
 from edged.server.ollama_responses import timestamp
@@ -65,25 +64,28 @@ def _manifest(store, slot):
 
 
 @functools.lru_cache(maxsize=32)
-def _file_facts(path: str, size: int, mtime: float) -> Facts:
-    """A model file outside the store, read (validated) once per version of the file."""
+def _file_manifest(path: str, size: int, mtime: float):
+    """A model file outside the store described as a store entry would be (validated once per
+    version of the file), so both kinds report the same facts."""
+    from dataclasses import fields
+
     from edged.store.gguf_facts import validated_facts
     from edged.store.manifest import Manifest
 
     f = validated_facts(Path(path))
-    # the store's rule (the most used tensor type but F32), applied to facts not in a manifest
-    quant = Manifest.quantization.fget(SimpleNamespace(tensor_types=f["tensor_types"]))
-    return Facts(size, timestamp(mtime), "", f["architecture"], f["parameters"], quant,
-                 f["context_length"])
+    known = {x.name for x in fields(Manifest)}
+    return Manifest(**{k: v for k, v in f.items() if k in known}, name=Path(path).stem, files=(),
+                    size=size, source={"kind": "file", "path": path}, created=timestamp(mtime))
 
 
 def facts(store, slot) -> Facts:
     m = _manifest(store, slot)
-    if m is not None:
-        return Facts(m.size, m.created, m.files[0]["sha256"], m.architecture, m.parameters,
-                     m.quantization, m.context_length)
-    st = os.stat(slot.model_path)
-    return _file_facts(str(slot.model_path), st.st_size, st.st_mtime)
+    digest = m.files[0]["sha256"] if m is not None else ""
+    if m is None:
+        st = os.stat(slot.model_path)
+        m = _file_manifest(str(slot.model_path), st.st_size, st.st_mtime)
+    return Facts(m.size, m.created, digest, m.architecture, m.parameters, m.quantization,
+                 m.context_length)
 
 
 def tag_entry(store, slot) -> dict:

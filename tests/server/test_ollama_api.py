@@ -4,12 +4,15 @@ streaming, options, context, raw, logprobs and errors in Ollama's {"error": ...}
 
 import datetime
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from edged.cli import ps as ps_cli
 from edged.loader import load
-from edged.server import ollama_options, ollama_schemas
+from edged.server import ollama_generation, ollama_models, ollama_options, ollama_responses, ollama_schemas
 from edged.server.errors import APIError
+from edged.toolcall import ParsedMessage, ToolCall
 from tests.helpers.tiny_models import write_tiny_model
 from tests.server.test_app_inprocess import _client
 
@@ -107,6 +110,17 @@ def test_bad_fields_name_the_ollama_field(body, param, words):
     with pytest.raises(APIError) as e:
         ollama_schemas.parse_chat({"messages": HI, **body}, 100)
     assert e.value.status == 400 and e.value.param == param and words in e.value.message
+
+
+def test_reply_tool_calls_carry_object_arguments():
+    parsed = ParsedMessage("", [ToolCall("call_x", "get_weather", '{"city": "Paris", "days": 2}')],
+                           reasoning_content="user wants weather")
+    assert ollama_generation._message(parsed) == {
+        "role": "assistant", "content": "", "thinking": "user wants weather",
+        "tool_calls": [{"id": "call_x", "function": {"index": 0, "name": "get_weather",
+                                                     "arguments": {"city": "Paris", "days": 2}}}]}
+    with pytest.raises(ValueError, match="not a JSON object"):
+        ollama_responses.tool_calls([ToolCall("c", "f", "[1]")])
 
 
 def test_renamed_leaves_other_errors_alone():
@@ -254,3 +268,35 @@ def test_tags_ps_show_version(client, tiny):
     assert "thinking" not in show["capabilities"] and show["details"] == d
     v = client.get("/api/version").json()
     assert v["version"].count(".") == 2 and v["edged"]
+
+
+def test_device_bytes_counts_the_offloaded_layers_and_their_kv():
+    host, gpu = object(), object()
+    model = SimpleNamespace(host_ops=host, layer_ops=[gpu, gpu, host, host], output_ops=gpu,
+                            layer_bytes=lambda i: 100 * (i + 1), output_bytes=lambda: 7)
+    slot = SimpleNamespace(engine=SimpleNamespace(model=model), estimate=SimpleNamespace(kv=40))
+    assert ollama_models.device_bytes(slot) == 100 + 200 + 7 + 20
+    model.layer_ops, model.output_ops = [host] * 4, host
+    assert ollama_models.device_bytes(slot) == 0
+
+
+@pytest.mark.parametrize("n,text", [(134515008, "134.52M"), (8_030_261_248, "8.0B"), (2_000_000_000, "2B"),
+                                    (268_098_176, "268.10M"), (464_000, "464K"), (12, "12")])
+def test_parameter_size_as_ollama_writes_it(n, text):
+    assert ollama_models.human_parameters(n) == text
+
+
+def test_edged_ps_columns_read_as_ollama_ps():
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    assert [ps_cli.human_bytes(n) for n in (999, 1500, 291_000_000, 5_137_025_024, 10**12)] == [
+        "999 B", "1.5 KB", "291 MB", "5.1 GB", "1 TB"]
+    assert [ps_cli.processor(100, v) for v in (0, 100, 48, 120)] == [
+        "100% CPU", "100% GPU", "52%/48% CPU/GPU", "Unknown"]
+    at = lambda s: (now + datetime.timedelta(seconds=s)).isoformat().replace("+00:00", "Z")
+    assert [ps_cli.until(at(s), now) for s in (0.5, 30, 299, 3600, 86400 * 3, -5, 300 * 365 * 86400)] == [
+        "Less than a second from now", "30 seconds from now", "4 minutes from now",
+        "About an hour from now", "3 days from now", "Stopping...", "Forever"]
+    table = ps_cli.table([{"name": "m:latest", "size": 291_000_000, "size_vram": 0,
+                           "context_length": 4096, "expires_at": at(240)}], now)
+    assert table.splitlines() == ["NAME        SIZE      PROCESSOR    CONTEXT    UNTIL",
+                                  "m:latest    291 MB    100% CPU     4096       4 minutes from now"]
