@@ -65,17 +65,40 @@ def _opt(*decls, env: str, **kw):
       show_default=True, help="Where kernels run: auto = cuda when a usable GPU is present, else cpu.")
 @_opt("--gpu-layers", "-ngl", env="GPU_LAYERS", default="auto", show_default=True,
       help="Layers on the GPU (first N; N >= layer count adds the output projection) or auto (as many as fit).")
+@_opt("--keep-alive", env="KEEP_ALIVE", default="5m", show_default=True,
+      help="How long an idle model stays loaded: a duration (5m, 1h30m, 30s) or seconds; 0 unloads "
+           "after each request, -1 never. A request's keep_alive overrides it.")
+@_opt("--load-timeout", env="LOAD_TIMEOUT", type=float, default=300.0, show_default=True,
+      help="Seconds a request waits for its model to load before a 503.")
+@_opt("--max-loaded-models", env="MAX_LOADED_MODELS", type=int, default=3, show_default=True,
+      help="Models loaded at once (0: no limit); loading one more unloads the least recently used idle one.")
+@_opt("--max-memory", env="MAX_MEMORY", default=None,
+      help="Memory the loaded models may use (weights + KV + workspace, estimated before loading): "
+           "8GiB, 512MB, or a fraction of RAM (0.5). Default: no limit.")
+@_opt("--preload", env="PRELOAD", multiple=True,
+      help="Store model to start loading at startup (repeatable; without MODEL only).")
 def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block_size,
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
             max_queue, drain_timeout, log_level, insecure, chat_template, reasoning_format,
-            max_body_bytes, backend, gpu_layers):
-    """Serve MODEL (default: the installed Gemma 3 270M) over an OpenAI-compatible API."""
+            max_body_bytes, backend, gpu_layers, keep_alive, load_timeout, max_loaded_models,
+            max_memory, preload):
+    """Serve MODEL (a .gguf path or a store name, loaded at start) over an OpenAI-compatible API.
+    Without MODEL, serve every model of the store, each loaded on first use (an empty store:
+    the installed Gemma 3 270M, loaded at start)."""
     from edged.server.app import create_app
     from edged.server.config import ServerConfig, read_api_key_file
+    from edged.server.keep_alive import parse_keep_alive
     from edged.server.lifecycle import ServerState, run_server
+    from edged.store import ModelStore
 
     keys = tuple(k for k in (api_key,) if k)
     try:
+        if preload and model:
+            raise ValueError("--preload is for serving the store (no MODEL): MODEL is loaded at start")
+        try:
+            keep_alive_s = parse_keep_alive(keep_alive)
+        except ValueError as e:
+            raise ValueError(f"--keep-alive: {e}") from None
         if api_key_file:
             keys += read_api_key_file(api_key_file)
         config = ServerConfig(
@@ -86,7 +109,9 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block
             max_queue=max_queue, drain_timeout=drain_timeout, log_level=log_level.lower(),
             insecure=insecure, chat_template=chat_template, reasoning_format=reasoning_format,
             max_body_bytes=max_body_bytes,
-            backend=backend, gpu_layers=gpu_layers)
+            backend=backend, gpu_layers=gpu_layers, keep_alive=keep_alive_s,
+            load_timeout=load_timeout, max_loaded_models=max_loaded_models, max_memory=max_memory,
+            preload=_split(preload))
         config.validate()
         if kv_memory is not None:
             from edged.engine.sizing import parse_memory
@@ -95,7 +120,7 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block
     except (OSError, ValueError) as e:
         raise click.UsageError(str(e)) from None
     _setup_logging(config.log_level)
-    state = ServerState(config)
+    state = ServerState(config, store=ModelStore())
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
 
     def announce(st):

@@ -13,7 +13,7 @@ import uvicorn
 from edged.server.config import ServerConfig
 from edged.server.errors import unavailable
 from edged.server.metrics import ServerMetrics
-from edged.server.model_manager import ModelManager
+from edged.server.model_manager import ModelManager, store_aliases
 
 log = logging.getLogger("edged.server")
 
@@ -115,21 +115,16 @@ class ServerState:
 
 
 def _pinned_source(config: ServerConfig, store) -> dict:
-    """ModelSlot keywords for MODEL: a store name (when no such file exists) or a path (None:
-    the installed default model)."""
-    from pathlib import Path
-
+    """ModelSlot keywords for MODEL: a store entry (its id "name:tag"; a stored model wins over
+    a same-named file, as edged.model_path has it), else a path (None: the default model)."""
     from edged.model_path import resolve_model_path
+    from edged.store import is_store_name
 
     model = config.model
-    if model is not None and store is not None and not Path(model).expanduser().exists():
-        from edged.store import is_store_name
-
-        if is_store_name(model):
-            m = store.get(model)
-            short = m.name[: -len(":latest")] if m.name.endswith(":latest") else None
-            return dict(path=str(store.resolve(m.name)), name=config.model_alias or m.name,
-                        aliases=tuple(a for a in (short, m.name) if a))
+    if model is not None and store is not None and is_store_name(model) and store.has(model):
+        m = store.get(model)
+        return dict(path=str(store.resolve(m.name)), name=config.model_alias or m.name,
+                    aliases=store_aliases(m.name))
     return dict(path=str(resolve_model_path(model)))
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 
 from edged.server.errors import APIError, bad_request, unavailable
+from edged.store import full_name, is_store_name
 from edged.server.model_memory import estimate, estimate_file, fmt_bytes, parse_max_memory
 from edged.server.model_slot import LOADED, LOADING, UNLOADED, UNLOADING, ModelSlot
 
@@ -59,11 +60,10 @@ class ModelManager:
             return
         entries = {m.name: m for m in self.store.list()}
         with self._lock:
-            for name, m in entries.items():
+            for name in entries:
                 if name not in self.slots:
-                    short = name[: -len(":latest")] if name.endswith(":latest") else None
                     self.slots[name] = self.new_slot(path=str(self.store.resolve(name)), name=name,
-                                                     aliases=(short,) if short else ())
+                                                     aliases=store_aliases(name))
             for name, s in list(self.slots.items()):
                 if name not in entries and not s.pinned and s.status == UNLOADED and s.holds == 0:
                     del self.slots[name]
@@ -88,8 +88,11 @@ class ModelManager:
             slots = list(self.slots.values())
         if model is None:
             return self._default(slots)
+        spellings = {model}
+        if is_store_name(model):  # store names are case-insensitive, ":latest" by default
+            spellings.add(full_name(model))
         for s in slots:
-            if model in s.ids():
+            if spellings & s.ids():
                 return s
         names = ", ".join(sorted(s.model_name for s in slots)) or "none"
         raise APIError(404, f"model '{model}' not found; available models: {names}", param="model",
@@ -273,12 +276,12 @@ class ModelManager:
         """Unload a slot already marked UNLOADING (its engine stops, its memory is returned)."""
         t0 = time.monotonic()
         slot.unload()
-        with self._lock:
-            if slot.status == UNLOADING:  # not re-requested meanwhile
-                slot.status = UNLOADED
         self.metrics.model_unloads.labels(slot.model_name, reason).inc()
         log.info("unloaded %s (%s%s) in %.2f s", slot.model_name, reason, f", {why}" if why else "",
                  time.monotonic() - t0)
+        with self._lock:
+            if slot.status == UNLOADING:  # not re-requested meanwhile
+                slot.status = UNLOADED
 
     def _start_reaper(self) -> None:
         """Start the expiry thread on first need (called with the lock held)."""
@@ -313,6 +316,11 @@ class ModelManager:
         for s in list(self.slots.values()):
             if s.engine is not None:
                 s.engine.stop()
+
+
+def store_aliases(name: str) -> tuple[str, ...]:
+    """Other ids of a store entry: "name" for "name:latest"."""
+    return (name[: -len(":latest")],) if name.endswith(":latest") else ()
 
 
 def _estimated(slot: ModelSlot) -> int:

@@ -130,7 +130,7 @@ class ModelSlot:
 
     def unload(self) -> None:
         """Stop the engine and drop every reference to the model (weights, KV pools, tokenizer,
-        grammars) so its memory goes back to the OS."""
+        grammars) so its memory goes back to the OS. The manager sets the status."""
         engine, self.engine = self.engine, None
         self.tokenizer = self.chat = None
         with self._grammars_lock:
@@ -138,7 +138,6 @@ class ModelSlot:
         if engine is not None:
             engine.stop()
             del engine
-        self.status = UNLOADED
         self.expires_at = None
         gc.collect()  # the model graph has cycles; free the mmap and arrays now, not at some later gc
         self.unloaded.set()
@@ -185,9 +184,10 @@ class ModelSlot:
         return len(ids)
 
     def card(self, created: int) -> dict:
-        """The /v1/models entry: OpenAI's fields, `status`, and max_model_len while loaded."""
+        """The /v1/models entry: OpenAI's fields, `status` (loaded, loading, unloading, unloaded)
+        and max_model_len while loaded."""
         card = {"id": self.model_name, "object": "model", "created": created, "owned_by": "edged",
-                "status": self.status if self.status != UNLOADING else UNLOADED}
+                "status": self.status}
         engine = self.engine
         if engine is not None:
             card["max_model_len"] = engine.max_len
