@@ -5,11 +5,15 @@ import click
 model_argument = click.argument("model", required=False)
 
 
-def sampling_options(f):
-    """--max-tokens, --temperature, --top-k, --top-p, --min-p, --seed (llama.cpp's defaults)."""
+def sampling_options(f=None, *, max_tokens: int | None = 128):
+    """--max-tokens, --temperature, --top-k, --top-p, --min-p, --seed (llama.cpp's defaults).
+    max_tokens: the --max-tokens default; None = until the reply ends or the context is full."""
+    if f is None:  # used as @sampling_options(max_tokens=None)
+        return lambda g: sampling_options(g, max_tokens=max_tokens)
     for opt in reversed([
-        click.option("--max-tokens", "-n", type=int, default=128, show_default=True,
-                     help="Tokens to generate at most."),
+        click.option("--max-tokens", "-n", type=int, default=max_tokens, show_default=max_tokens is not None,
+                     help="Tokens to generate at most." if max_tokens is not None else
+                     "Tokens to generate at most per reply (default: until it ends or the context is full)."),
         click.option("--temperature", type=float, default=0.8, show_default=True,
                      help="0 = greedy."),
         click.option("--top-k", type=int, default=40, show_default=True, help="0 = off."),
