@@ -25,6 +25,7 @@ from edged.server.lifecycle import FAILED, READY, ServerState
 from edged.server.metrics import CONTENT_TYPE
 from edged.server.ollama_routes import ollama_routes
 from edged.server.responses import SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged, usage
+from edged.server.responses_api_route import responses_api_routes
 from edged.server.route_common import (HOLDS, _chunk, _json_body, _prepare, _respond, _submit,
                                        model_slot)
 from edged.server.schemas import requested_model
@@ -183,6 +184,7 @@ ROUTES = [
     Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    *responses_api_routes(),  # the Responses API, /v1/responses (edged/server/responses_api_route.py)
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
@@ -234,7 +236,7 @@ def create_app(state: ServerState, *, load_in_background: bool = True) -> Starle
     if c.cors_origins:
         # inside the Host check; preflight OPTIONS passes the key check (browsers send no key)
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(c.cors_origins),
-                                     allow_methods=["GET", "POST", "OPTIONS"],
+                                     allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                                      allow_headers=["authorization", "content-type", "x-api-key"]))
 
     @contextlib.asynccontextmanager
