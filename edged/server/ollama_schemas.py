@@ -198,7 +198,7 @@ def parse_generate(body: Any, vocab_size: int) -> OllamaGenerate:
     context = []
     if body.get("context"):
         context = schemas._token_ids(body["context"], "context", vocab_size)
-    common = _renamed(schemas._common, _openai_common(body), vocab_size)
+    common = _renamed(schemas.parse_generation, _openai_common(body), vocab_size)
     req = OllamaGenerate(**common, top_logprobs=_logprobs(body), prompt=prompt, system=system,
                          raw=raw, context=list(context), think=_think(body))
     return _finish(req, body)

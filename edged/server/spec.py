@@ -290,8 +290,12 @@ class Field:
 
 def _nullable(s: dict) -> dict:
     t = s.get("type")
+    if t == "null" or (isinstance(t, list) and "null" in t):
+        return s
     if isinstance(t, str):
         return {**s, "type": [t, "null"]}
+    if isinstance(t, list):
+        return {**s, "type": [*t, "null"]}
     if "anyOf" in s:
         return {**s, "anyOf": [*s["anyOf"], {"type": "null"}]}
     return s  # no type: any JSON value, null included
@@ -386,6 +390,26 @@ class Anything(Node):
         if not self.types:
             return {}
         return {"type": list(self.types) if len(self.types) > 1 else self.types[0]}
+
+
+@dataclass
+class Unsupported(Node):
+    """A field edged refuses whenever it is given (only null or absence passes)."""
+
+    why: str = ""
+    description: str = ""
+
+    def takes(self, v):
+        return False
+
+    def check(self, v, path, ctx):
+        raise _error(path, "is not supported" + (f": {self.why}" if self.why else ""))
+
+    def json_schema(self):
+        return {"type": "null", "description": f"not supported{': ' + self.why if self.why else ''}"}
+
+    def schema(self):
+        return self.json_schema()
 
 
 @dataclass
