@@ -35,8 +35,9 @@ class SamplingParams:
     [0, 1]. repetition_penalty > 0 (1 = off), presence/frequency_penalty in [-2, 2] (OpenAI's
     range), applied over the last ``repeat_last_n`` history tokens (-1 = whole history, 0 = off;
     llama.cpp's default 64). logit_bias: token id → bias in [-100, 100]. seed: None = fresh
-    entropy. logprobs: None = none, 0 = the chosen token's, N ≤ 20 = also the top N. max_tokens:
-    None = until a stop condition. stop: up to 16 strings; stop_token_ids: extra ids that end
+    entropy. logprobs: None = none, 0 = the chosen token's, N ≤ 20 = also the top N.
+    prompt_logprobs: the same for every prompt token (computed in the prefill). max_tokens:
+    None = until a stop condition, 0 = prefill only (prompt logprobs, no token). stop: up to 16 strings; stop_token_ids: extra ids that end
     generation; ignore_eos: keep going past EOS.
     """
 
@@ -51,6 +52,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -99,14 +101,17 @@ class SamplingParams:
             self.seed = _integer("seed", self.seed)
             if not 0 <= self.seed < 2**64:
                 raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
-        if self.logprobs is not None:
-            self.logprobs = _integer("logprobs", self.logprobs)
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None:
+                v = _integer(name, v)
+                if not 0 <= v <= MAX_LOGPROBS:
+                    raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {v}")
+                setattr(self, name, v)
         if self.max_tokens is not None:
             self.max_tokens = _integer("max_tokens", self.max_tokens)
-            if self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            if self.max_tokens < 0:
+                raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
             raise ValueError("stop must be a non-empty string or a list of up to 16 non-empty strings")

@@ -14,7 +14,8 @@ places):
     f = rms_norm(f, post_ffn_norm)           (optional)
     x = x + f
 
-then logits = rms_norm(x, output_norm) @ Woutput (optional final softcap). The embedding lookup
+then logits = rms_norm(x, output_norm) @ Woutput (optional final softcap); `forward_hidden` also
+returns rms_norm(x, output_norm) of chosen rows (what embeddings pool). The embedding lookup
 runs on the host backend (the `ops` the model was loaded with); `place()` puts each layer and the
 output projection on a backend (hybrid CPU/GPU offload): its weights are uploaded once, and the
 activations cross each boundary between backends once per step.
@@ -210,12 +211,21 @@ class DecoderModel:
         Writes this step's K/V into `kv` at batch.slot_mapping before attending; sliding-window
         layers use batch.window_block_tables / window_slot_mapping instead when the batch has them.
         """
+        return self.forward_hidden(batch, kv)[0]
+
+    def forward_hidden(self, batch: Batch, kv: list[LayerKV], hidden_rows=None):
+        """forward, also returning the final-normed hidden states (before the output projection)
+        of the batch rows `hidden_rows` (int32 [h]): (logits [len(logits_indices), vocab],
+        hidden float32 host [h, n_embd], or None without hidden_rows). Embedding requests take
+        hidden rows in the same step as other requests' logits rows."""
         if len(kv) != len(self.layers):
             raise ModelError(f"{len(kv)} KV caches for {len(self.layers)} layers")
         n = batch.n_tokens
         idx = batch.logits_indices
-        # rows carried through the last layer's FFN and the output projection (all: perplexity)
-        rows = None if idx.shape[0] == n and np.array_equal(idx, np.arange(n)) else idx
+        want_hidden = hidden_rows is not None and len(hidden_rows) > 0
+        # rows carried through the last layer's FFN and the output norm (all: perplexity)
+        keep = np.union1d(idx, hidden_rows).astype(np.int32) if want_hidden else idx
+        rows = None if keep.shape[0] == n and np.array_equal(keep, np.arange(n)) else keep
         ops = self.host_ops
         x = ops.embed(self.token_embd, batch.token_ids)  # [n, n_embd]
         if self.embed_scale is not None:
@@ -230,13 +240,22 @@ class DecoderModel:
                 views = prepared[id(ops)] = (b, b.window_view())  # global, sliding-window layers
             x = self._layer(ops, layer, x, views[layer.window > 0], kv[i], rows if i == last else None)
         ops, x = self._move(ops, self.output_ops, x)
-        if x.shape[0] == 0:
-            return np.empty((0, self.vocab_size), dtype=np.float32)
-        x = ops.rms_norm(x, self._run_output_norm, self.hparams.eps)
+        hidden = None
+        if want_hidden:  # x holds the `keep` rows, sorted: pick the hidden ones, then the logits'
+            x = ops.rms_norm(x, self._run_output_norm, self.hparams.eps)
+            hidden = ops.to_host(ops.take_rows(x, np.searchsorted(keep, hidden_rows).astype(np.int32)))
+            if idx.shape[0] == 0:
+                return np.empty((0, self.vocab_size), dtype=np.float32), hidden
+            if not np.array_equal(keep, idx):
+                x = ops.take_rows(x, np.searchsorted(keep, idx).astype(np.int32))
+        else:
+            if x.shape[0] == 0:
+                return np.empty((0, self.vocab_size), dtype=np.float32), None
+            x = ops.rms_norm(x, self._run_output_norm, self.hparams.eps)
         logits = ops.matmul(self._run_output, x)  # [n_out, vocab]
         if self.final_softcap:
             logits = ops.softcap(logits, self.final_softcap)
-        return ops.to_host(logits)
+        return ops.to_host(logits), hidden
 
     @staticmethod
     def _move(src, dst, x):

@@ -19,8 +19,10 @@ import numpy as np
 from edged.engine.masks import StepMasks
 from edged.engine.nonfinite import NonFiniteLogits, nonfinite_rows
 from edged.engine.output import OutputState
-from edged.engine.request import Request
-from edged.engine.runner import build_batch
+from edged.engine.pooling import Pool
+from edged.engine.prompt_logprobs import PromptScores, max_scored_rows
+from edged.engine.request import Request, Status
+from edged.engine.runner import StepRows, build_batch
 from edged.engine.scheduler import Scheduler
 from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed, window_pool_blocks
 from edged.engine.stream import Delta, Outbox, RequestStream
@@ -43,6 +45,8 @@ class EngineConfig:
     window_num_blocks: int | None = None
     # False: sliding-window layers share the full layers' blocks and keep all of them (one group)
     free_window_blocks: bool = True
+    # prompt tokens scored (prompt logprobs) per step; None: prompt_logprobs.max_scored_rows
+    max_scored_rows: int | None = None
 
     @classmethod
     def from_plan(cls, plan: KVPlan, **settings) -> "EngineConfig":
@@ -75,6 +79,8 @@ class EngineStats:
     kv_bytes_used: int = 0  # bytes of the blocks held by requests, both pools
     kv_bytes_needed: int = 0  # bytes the held tokens need: tokens per pool x its bytes per token
     nonfinite_rows: int = 0  # sampled rows whose logits held NaN or inf (each failed its request)
+    embedding_inputs: int = 0  # embedding requests completed
+    embedding_tokens: int = 0  # their prompt tokens
 
 
 class StepTimer(Protocol):
@@ -101,11 +107,18 @@ _UNTIMED = _Untimed()
 class _Live:
     """Engine-side state of one request."""
 
-    __slots__ = ("req", "stream", "out", "params", "constraint")
+    __slots__ = ("req", "stream", "out", "params", "constraint", "scores", "pool")
 
     def __init__(self, req, stream, out, params, constraint=None):
         self.req, self.stream, self.out, self.params = req, stream, out, params
         self.constraint = constraint  # edged.engine.constraint.RequestConstraint or None
+        k = req.prompt_logprobs
+        self.scores = PromptScores(req.prompt_ids, k) if k is not None else None
+        self.pool = Pool(req.pooling, req.num_prompt_tokens) if req.pooling is not None else None
+
+    def take_scores(self):
+        """The prompt logprobs for the first delta after the prefill (None: not asked, or sent)."""
+        return self.scores.take() if self.scores is not None else None
 
 
 class Engine:
@@ -117,8 +130,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config
         self._init_kv(model, config)
+        scored = config.max_scored_rows or max_scored_rows(model.vocab_size, config.max_batch_tokens)
         self.scheduler = Scheduler(self.kv, config.max_batch_tokens, config.max_seqs,
-                                   config.max_model_len or model.context_length)
+                                   config.max_model_len or model.context_length, scored)
         self._check_window_pool()
         self.sampler = Sampler()
         self.sampler.warm_up()
@@ -136,6 +150,8 @@ class Engine:
         self._prompt_tokens = 0
         self._generated_tokens = 0
         self._nonfinite_rows = 0
+        self._embedding_inputs = 0
+        self._embedding_tokens = 0
         self.step_timer: StepTimer | None = None  # read once per step: may be set while running
 
     def _init_kv(self, model, config: EngineConfig) -> None:
@@ -192,24 +208,42 @@ class Engine:
         loop: deliver the deltas on this asyncio loop (`async for` the stream there), or, with
         `sink`, call sink(delta) on that loop for each one instead of queueing them.
         constraint: an edged.engine.constraint.RequestConstraint (its matcher already compiled):
-        the request's tokens are sampled under its grammar."""
-        request_id = request_id or f"req-{next(self._ids)}"
+        the request's tokens are sampled under its grammar. params.prompt_logprobs scores every
+        prompt token in the prefill (the first delta after it carries them); params.max_tokens 0
+        runs the prefill only (finish "length", no token)."""
+        max_tokens = params.max_tokens if params.max_tokens is not None else 256
+        req = Request(request_id or f"req-{next(self._ids)}", self._checked_ids(prompt_ids),
+                      max_tokens=max_tokens, sampling=params, prompt_logprobs=params.prompt_logprobs)
+        eos = frozenset(self.tokenizer.eos_ids) | frozenset(params.stop_token_ids)
+        out = OutputState(self.tokenizer.stream_decoder(), tuple(params.stop), eos, params.ignore_eos)
+        return self._queue(_Live(req, None, out, params, constraint), loop, sink)
+
+    def add_embedding(self, prompt_ids, pooling: str, request_id: str | None = None, loop=None,
+                      sink=None) -> RequestStream:
+        """Queue an embedding: a prefill-only request batched with the generations, whose
+        final-normed hidden states are pooled ("mean", "last" or "cls"); its one delta (finish
+        "stop") carries the pooled float32 [n_embd] vector, not normalised, in `embedding`. Its KV
+        is freed at the end and never enters the prefix cache. loop/sink as add_request."""
+        req = Request(request_id or f"emb-{next(self._ids)}", self._checked_ids(prompt_ids),
+                      max_tokens=0, pooling=pooling)
+        return self._queue(_Live(req, None, None, None), loop, sink)
+
+    def _checked_ids(self, prompt_ids) -> list[int]:
         prompt_ids = [int(t) for t in prompt_ids]
         vocab = self.model.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        max_tokens = params.max_tokens if params.max_tokens is not None else 256
-        req = Request(request_id, prompt_ids, max_tokens=max_tokens, sampling=params)
-        self.scheduler.check_admissible(req)
-        stream = RequestStream(request_id)
+        return prompt_ids
+
+    def _queue(self, live: _Live, loop, sink) -> RequestStream:
+        self.scheduler.check_admissible(live.req)
+        stream = live.stream = RequestStream(live.req.request_id)
         if loop is not None:
             stream.bind_loop(loop, sink)
         elif sink is not None:
             raise ValueError("a sink needs the loop to call it on")
-        eos = frozenset(self.tokenizer.eos_ids) | frozenset(params.stop_token_ids)
-        out = OutputState(self.tokenizer.stream_decoder(), tuple(params.stop), eos, params.ignore_eos)
-        self._inbox.put(("add", _Live(req, stream, out, params, constraint)))
+        self._inbox.put(("add", live))
         self._wake.set()
         return stream
 
@@ -239,7 +273,8 @@ class Engine:
             window_blocks_free=w.num_free if w is not None else 0, window_tokens_in_kv=window_tokens,
             kv_bytes_used=p.block_size * (p.num_used * bpt + window_used * window_bpt),
             kv_bytes_needed=tokens * bpt + window_tokens * window_bpt,
-            nonfinite_rows=self._nonfinite_rows)
+            nonfinite_rows=self._nonfinite_rows, embedding_inputs=self._embedding_inputs,
+            embedding_tokens=self._embedding_tokens)
 
     def generate(self, prompt_ids, params: SamplingParams) -> list[Delta]:
         """Blocking convenience: run one request to completion (engine must be started)."""
@@ -263,13 +298,15 @@ class Engine:
                     self._finish(live, "abort")
 
     def _finish(self, live: _Live, reason: str, text: str = "", error: str | None = None,
-                token_id: int | None = None, logprob=None) -> None:
+                token_id: int | None = None, logprob=None, embedding=None) -> None:
         self.scheduler.finish(live.req, reason)
         self.sampler.release(live.req.request_id)
         self._live.pop(live.req.request_id, None)
         self._outbox.put(live.stream, Delta(
             token_id, text, *(logprob or (None, None)), finish_reason=reason, error=error,
-            num_prompt_tokens=live.req.num_prompt_tokens, num_output_tokens=live.req.num_output_tokens))
+            num_prompt_tokens=live.req.num_prompt_tokens, num_output_tokens=live.req.num_output_tokens,
+            prompt_logprobs=live.take_scores() if error is None and reason != "abort" else None,
+            embedding=embedding))
 
     def _loop(self) -> None:
         while not self._stop:
@@ -297,19 +334,25 @@ class Engine:
         self._in_flight = {req.request_id: n for req, n in step.items}  # replaced whole: stats() reads it
         if not step.items:
             return
-        batch, samplers = build_batch(step, self.kv)
+        batch, rows = build_batch(step, self.kv)
+        samplers = rows.samplers
         timer.phase("build_batch", batch.n_tokens)
         lives = [self._live[step.items[i][0].request_id] for i in samplers]
         pending = self.masks.submit(lives)  # computed on a worker thread while the forward runs
         try:
-            logits = self.model.forward(batch, self.kv_cache)  # [len(samplers), vocab]
+            if rows.hidden_rows.shape[0]:  # embeddings' hidden rows come from the same pass
+                logits, hidden = self.model.forward_hidden(batch, self.kv_cache, rows.hidden_rows)
+            else:
+                logits, hidden = self.model.forward(batch, self.kv_cache), None
         finally:
             masked = self.masks.collect(pending)
         timer.phase("forward")
         self.scheduler.update(step)
         self._in_flight = {}
         timer.phase("update")
+        self._prefill_outputs(step, rows, logits, hidden)
         if samplers:
+            logits = logits[: len(samplers)]  # [len(samplers), vocab] (a view); scored rows follow
             bad = nonfinite_rows(logits)  # before the grammar masks add their -inf
             logits, failed = self.masks.apply(masked, logits)
             results = self._sample_finite(logits, lives, bad) if bad else self._sample(logits, lives)
@@ -320,6 +363,43 @@ class Engine:
             timer.phase("deliver")
         self._steps += 1
         self._last_step_s = time.perf_counter() - t0
+
+    def _prefill_outputs(self, step, rows: StepRows, logits: np.ndarray, hidden) -> None:
+        """Prompt scores and pooled hidden states of this step's chunks; then the prefill-only
+        requests (embeddings, max_tokens 0) whose prompt is done finish."""
+        items = step.items
+        for s, r0, k, p0 in rows.scored:
+            live = self._live.get(items[s][0].request_id)
+            if live is None or live.scores is None:
+                continue
+            block = logits[r0 : r0 + k]  # [k, vocab]
+            bad = nonfinite_rows(block)
+            if bad:
+                self._nonfinite_rows += 1
+                self._finish(live, "error", error=str(NonFiniteLogits(p0 + bad[0])))
+                continue
+            live.scores.add(block, p0)
+        for s, h0, k, p0 in rows.pooled:
+            live = self._live.get(items[s][0].request_id)
+            if live is not None:
+                live.pool.add(hidden[h0 : h0 + k], p0)
+        for req, _ in items:
+            if req.max_tokens or req.num_computed_tokens < req.num_prompt_tokens:
+                continue
+            live = self._live.get(req.request_id)
+            if live is None:
+                continue
+            if live.pool is None:
+                self._finish(live, "length")
+                continue
+            vec = live.pool.result()
+            if not np.isfinite(vec).all():
+                self._finish(live, "error", error="the pooled hidden states are not finite (NaN or "
+                             "inf); the model file or its metadata is broken")
+                continue
+            self._embedding_inputs += 1
+            self._embedding_tokens += req.num_prompt_tokens
+            self._finish(live, "stop", embedding=vec)
 
     def _sample_finite(self, logits: np.ndarray, lives: list[_Live], bad: list[int]) -> list:
         """Like _sample, for the finite rows only; each row in `bad` gets NonFiniteLogits."""
@@ -357,6 +437,8 @@ class Engine:
     def _deliver(self, lives: list[_Live], results: list) -> None:
         out, max_len = self._outbox, self.max_len
         for lv, res in zip(lives, results):
+            if lv.req.status is Status.FINISHED:  # failed while scoring its prompt this step
+                continue
             if isinstance(res, Exception):
                 error = str(res) if isinstance(res, NonFiniteLogits) else f"{type(res).__name__}: {res}"
                 self._finish(lv, "error", error=error)
@@ -381,6 +463,9 @@ class Engine:
                 text, reason = text + lv.out.drain(), "stop"
             if reason is not None:
                 self._finish(lv, reason, text=text, token_id=token, logprob=lp)
+            elif lv.scores is not None and not lv.scores.sent:
+                out.put(lv.stream, Delta(token, text, *(lp or (None, None)), None, None,
+                                         req.num_prompt_tokens, n_out, lv.take_scores()))
             elif lp is None:
                 out.put(lv.stream, Delta(token, text, None, None, None, None, req.num_prompt_tokens, n_out))
             else:

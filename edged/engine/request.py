@@ -31,6 +31,10 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     num_preemptions: int = 0
     finish_reason: str | None = None
+    # score every prompt token (logprob + this many alternatives) during prefill; None: no
+    prompt_logprobs: int | None = None
+    prompt_scored: bool = False  # the prompt's prefill has run to its end once (scores complete)
+    pooling: str | None = None  # an embedding request ("mean", "last", "cls"): prefill only, no KV kept
 
     def __post_init__(self):
         if not self.token_ids:
@@ -55,3 +59,14 @@ class Request:
     @property
     def max_total_tokens(self) -> int:
         return len(self.prompt_ids) + self.max_tokens
+
+    @property
+    def scoring(self) -> bool:
+        """Prompt positions still to score: each step's chunk wants a logits row per token."""
+        return self.prompt_logprobs is not None and not self.prompt_scored
+
+    @property
+    def needs_every_row(self) -> bool:
+        """Every prompt position must be computed here (scored or pooled): no cached-prefix reuse,
+        whose positions never had their logits or hidden states computed."""
+        return self.pooling is not None or self.scoring

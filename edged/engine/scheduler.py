@@ -4,6 +4,8 @@ As in vLLM v1 there are no prefill and decode phases: every request just has unc
 Running requests go first (a decode is one token), then waiting requests fill what budget is left
 with prefill chunks. When the pool runs dry the most recently admitted request is preempted by
 recompute: its blocks are freed and it waits at the front of the queue with its tokens intact.
+Requests that score their prompt (prompt logprobs) or pool it (embeddings) compute every position
+themselves (no cached prefix), and scoring chunks share a per-step row limit (`max_scored_rows`).
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_batch_tokens: int = 512, max_seqs: int = 16,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, max_scored_rows: int | None = None):
         if max_batch_tokens < 1 or max_seqs < 1:
             raise ValueError("max_batch_tokens and max_seqs must be >= 1")
+        if max_scored_rows is not None and max_scored_rows < 1:
+            raise ValueError("max_scored_rows must be >= 1")
         self.kv = kv
         self.max_batch_tokens = max_batch_tokens
         self.max_seqs = max_seqs
         self.max_model_len = max_model_len
+        # prompt tokens scored per step (each a [vocab] float32 logits row): bounds a step's logits
+        self.max_scored_rows = min(max_scored_rows or max_batch_tokens, max_batch_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order
         self.num_preemptions = 0
@@ -87,6 +93,7 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
         budget = self.max_batch_tokens
+        score_rows = self.max_scored_rows  # left for prompt-scoring chunks this step
         items: list[tuple[Request, int]] = []
         preempted: list[Request] = []
 
@@ -95,6 +102,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.scoring:
+                n = min(n, score_rows)
+                if n == 0:  # this step's scoring rows are spent: it goes on next step
+                    i += 1
+                    continue
             while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -106,14 +118,19 @@ class Scheduler:
                 break
             items.append((req, n))
             budget -= n
+            score_rows -= n if req.scoring else 0
             i += 1
 
         # 2. waiting requests (preempted ones are at the front), while budget and seats remain
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs and not preempted:
             req = self.waiting[0]
-            if req.num_computed_tokens == 0 and not self.kv.table(req.request_id):
+            if req.num_computed_tokens == 0 and not self.kv.table(req.request_id) and not req.needs_every_row:
                 req.num_computed_tokens = self.kv.claim_cached_prefix(req.request_id, req.token_ids)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.scoring:
+                n = min(n, score_rows)
+                if n == 0:
+                    break
             if not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
                 self.kv.free(req.request_id)  # hold nothing while waiting; retried next step
                 req.num_computed_tokens = 0
@@ -123,6 +140,7 @@ class Scheduler:
             self.running.append(req)
             items.append((req, n))
             budget -= n
+            score_rows -= n if req.scoring else 0
         return ScheduledStep(items, preempted)
 
     def _preempt(self, req: Request) -> None:
@@ -134,9 +152,13 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def update(self, step: ScheduledStep) -> None:
-        """After the forward pass: advance computed counts, cache the now-full blocks, and release
-        the sliding-window blocks no later token reads (cached first, so they stay reusable)."""
+        """After the forward pass: advance computed counts, cache the now-full blocks (not an
+        embedding's: its KV is dropped when it ends), and release the sliding-window blocks no later
+        token reads (cached first, so they stay reusable)."""
         for req, n in step.items:
             req.num_computed_tokens += n
-            self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
+            if req.num_computed_tokens >= req.num_prompt_tokens:
+                req.prompt_scored = True
+            if req.pooling is None:
+                self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
             self.kv.free_outside_window(req.request_id, req.num_computed_tokens)

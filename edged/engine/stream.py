@@ -24,6 +24,10 @@ class Delta:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    # on the first delta after the prompt's prefill, when asked: one PromptLogprob per prompt
+    # token, None for the first (edged.engine.prompt_logprobs)
+    prompt_logprobs: list | None = None
+    embedding: object = None  # an embedding request's last delta: the pooled float32 [n_embd]
 
 
 @dataclass(eq=False)

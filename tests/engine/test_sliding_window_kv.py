@@ -244,6 +244,8 @@ def test_prefix_hit_with_freed_window_blocks_same_output(tiny):
 
 
 def test_stats_and_metrics_report_both_pools(tiny):
+    from types import SimpleNamespace
+
     from edged.server.metrics import ServerMetrics
 
     eng = _engine(tiny, max_seqs=2)
@@ -252,8 +254,9 @@ def test_stats_and_metrics_report_both_pools(tiny):
         st = eng.stats()
         assert (st.blocks_total, st.window_blocks_total) == (256, window_blocks_needed(W, BS, 16, 2))
         assert st.window_blocks_cached_free == st.blocks_cached_free == 7  # 28 computed tokens
-        text = ServerMetrics(lambda: eng).render().decode()
-        assert f"edged_kv_window_blocks_total {float(st.window_blocks_total)}" in text
-        assert "edged_kv_window_blocks_used 0.0" in text and "edged_kv_bytes_used 0.0" in text
+        text = ServerMetrics(lambda: [SimpleNamespace(model_name="m", engine=eng)]).render().decode()
+        assert f'edged_kv_window_blocks_total{{model="m"}} {float(st.window_blocks_total)}' in text
+        assert 'edged_kv_window_blocks_used{model="m"} 0.0' in text
+        assert 'edged_kv_bytes_used{model="m"} 0.0' in text
     finally:
         eng.stop()
