@@ -30,7 +30,7 @@ class OutputBuilder:
         self._reasoning: int | None = None
         self._calls: dict[int, int] = {}  # the parser's call index -> output index
         self._tokens = 0
-        self._answered = False  # content or a call began: later tokens are not reasoning
+        self._thought = False  # the reasoning block closed: later tokens are the answer
         self.reasoning_tokens = 0
 
     # -- feeding -----------------------------------------------------------------------------
@@ -41,14 +41,15 @@ class OutputBuilder:
             pieces = [StreamDelta(content=text)] if text else []
         else:
             pieces = self.parser.feed(text) if text else []
-        return self._pieces(pieces, tokens)
+        events = self._pieces(pieces)
+        self._count_reasoning(final=False)
+        return events
 
     def finish(self, incomplete: bool) -> list[dict]:
         """The last pieces, then every open item done (the last one `incomplete` when the
         output was cut short). An output with no item gets an empty message."""
-        events = self._pieces(self.parser.finish()[0], 0) if self.parser is not None else []
-        if not self._answered and self._reasoning is not None:
-            self.reasoning_tokens = self._tokens  # it ended while thinking
+        events = self._pieces(self.parser.finish()[0]) if self.parser is not None else []
+        self._count_reasoning(final=True)
         if not self.output:
             events += self._open_message()
         for index, item in enumerate(self.output):
@@ -57,23 +58,24 @@ class OutputBuilder:
             events += self._done(index, item)
         return events
 
-    def _pieces(self, pieces: list[StreamDelta], tokens: int) -> list[dict]:
+    def _pieces(self, pieces: list[StreamDelta]) -> list[dict]:
         events: list[dict] = []
         for p in pieces:
             if p.reasoning_content is not None:
                 events += self._reasoning_delta(p.reasoning_content)
-                continue
-            if p.tool_call is None and not p.content:
-                continue
-            if not self._answered:
-                self._answered = True
-                if self._reasoning is not None:  # this delta's tokens (a `</think>`) excluded
-                    self.reasoning_tokens = self._tokens - tokens
-            if p.tool_call is not None:
+            elif p.tool_call is not None:
                 events += self._call_delta(p.tool_call)
-            else:
+            elif p.content:
                 events += self._content_delta(p.content)
         return events
+
+    def _count_reasoning(self, final: bool) -> None:
+        """Output tokens up to the one closing the reasoning block (all, if it never closed)."""
+        if self._reasoning is None or self._thought:
+            return
+        if final or self.parser.reasoning.end in self.parser.text:
+            self._thought = True
+            self.reasoning_tokens = self._tokens
 
     # -- items -------------------------------------------------------------------------------
 
@@ -166,7 +168,7 @@ def _snapshot(item: dict) -> dict:
 # -- the Response object -------------------------------------------------------------------------
 
 def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict:
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}

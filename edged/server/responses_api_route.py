@@ -74,8 +74,8 @@ async def create_response(request: Request) -> Response:
     turn = _Turn(req, new_id("resp"), model, len(ids), store)
     try:
         gen = await _submit(slot, turn.rid, [ids], chat, lambda p: slot.max_len - p, options)
-    except APIError as e:  # the context check names chat's fields
-        raise renamed(e) from None
+    except Exception as e:  # the context check and grammar compilation name chat's fields
+        raise renamed(to_api_error(e)) from None
     builder = OutputBuilder(plan.parser() if plan.parses else None)
     if chat.stream:
         return SSEResponse(_events(gen, turn, builder), gen.close)

@@ -342,6 +342,8 @@ def renamed(e: APIError) -> APIError:
     msg = e.message.replace(f"'{p}'", f"'{new}'")
     if msg.startswith(p):
         msg = new + msg[len(p):]
+    if new not in msg:  # e.g. the context check, which names no field in its text
+        msg = f"{msg} ('{new}')"
     return APIError(e.status, msg, param=new, code=e.code, headers=e.headers)
 
 
@@ -360,9 +362,9 @@ def parse_responses(body: Any, vocab_size: int, store: ResponseStore) -> Respons
     if prev_id is not None:
         previous = store.get(prev_id)
         if previous is None:
-            raise APIError(404, f"no stored response {prev_id[:80]!r}: it expired, was deleted, or "
-                           "was created with store: false", param="previous_response_id",
-                           code="not_found")
+            raise APIError(404, f"previous_response_id {prev_id[:80]!r} is not stored: it expired, "
+                           "was deleted, or was created with store: false",
+                           param="previous_response_id", code="not_found")
     tools_echo, chat_tools = _tools(body.get("tools"))
     raw_choice = body.get("tool_choice")
     tool_choice, chat_tools = _tool_choice(raw_choice, chat_tools)
