@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edged.server import schemas
+from edged.server.anthropic_routes import anthropic_routes
 from edged.server.chat_route import chat_completions
 from edged.server.errors import APIError, error_body, error_response, sse_error_event
 from edged.server.generation import Generation
@@ -189,6 +190,7 @@ ROUTES = [
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     *ollama_routes(),  # Ollama's API, /api/* (edged/server/ollama_routes.py)
+    *anthropic_routes(),  # Anthropic's Messages API, /v1/messages* (edged/server/anthropic_routes.py)
 ]
 _ROUTE_LABELS = frozenset(r.path for r in ROUTES if "{" not in r.path)
 

@@ -7,6 +7,7 @@ import hmac
 import json
 
 from edged.server.config import LOOPBACK_NAMES, ServerConfig
+from edged.server.anthropic_errors import error_body as anthropic_error_body, is_anthropic_path
 from edged.server.errors import error_body
 
 # paths that answer without an API key (liveness probes)
@@ -53,8 +54,11 @@ def _presented_key(headers: dict[bytes, bytes]) -> str | None:
     return key.decode("latin-1").strip() if key is not None else None
 
 
-async def _reject(send, status: int, message: str, code: str, extra_headers=()) -> None:
-    body = json.dumps(error_body(status, message, code=code)).encode()
+async def _reject(send, status: int, message: str, code: str, extra_headers=(), path: str = "") -> None:
+    # the Messages API's clients parse Anthropic's error shape
+    shaped = anthropic_error_body(status, message) if is_anthropic_path(path) else error_body(
+        status, message, code=code)
+    body = json.dumps(shaped).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + list(extra_headers)})
     await send({"type": "http.response.body", "body": body})
@@ -101,12 +105,12 @@ class SecurityMiddleware:
                 return await _reject(send, 400, "invalid Content-Length", "invalid_request")
             if n > self.max_body:
                 return await _reject(send, 413, f"request body over {self.max_body} bytes",
-                                     "body_too_large")
+                                     "body_too_large", path=scope["path"])
         if (self.keys and scope["path"] not in PUBLIC_PATHS and scope.get("method") != "OPTIONS"
                 and not check_api_key(_presented_key(headers), self.keys)):
             return await _reject(send, 401, "missing or invalid API key (send 'Authorization: "
-                                 "Bearer KEY')", "invalid_api_key",
-                                 [(b"www-authenticate", b"Bearer")])
+                                 "Bearer KEY' or 'x-api-key: KEY')", "invalid_api_key",
+                                 [(b"www-authenticate", b"Bearer")], path=scope["path"])
         return await self.app(scope, self._limited(receive), send)
 
     def _limited(self, receive):

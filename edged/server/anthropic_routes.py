@@ -1,0 +1,109 @@
+"""Anthropic's Messages API: POST /v1/messages (whole or streamed) and
+/v1/messages/count_tokens over the same engines, templates, grammars and tool-call parsers as
+/v1/chat/completions. Every error on /v1/messages* is Anthropic's shape (anthropic_errors)."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edged.server import anthropic_schemas, chat_tools
+from edged.server.anthropic_errors import anthropic_errors
+from edged.server.anthropic_output import ContentBlocks, message, pieces_of, stop_reason
+from edged.server.anthropic_stream import message_events
+from edged.server.errors import APIError
+from edged.server.generation import until_disconnect
+from edged.server.responses import SSEResponse
+from edged.server.route_common import _error_finish, _prepare, _submit
+
+
+def _plan(slot, req):
+    """The chat plan; `thinking` enabled splits a thinking template's reasoning off (on a model
+    that does not think it changes nothing), disabled leaves it to --reasoning-format."""
+    reasoning_format = "auto" if req.thinking else slot.config.reasoning_format
+    return chat_tools.plan_chat(slot.chat.source, req.tool_request, reasoning_format)
+
+
+def _prompt(slot, plan, req) -> str:
+    """The rendered prompt, continued by a final assistant turn's text (prefill)."""
+    messages, tools = chat_tools.render_inputs(plan, req.messages, req.tools)
+    extra = None if req.thinking is None else {"enable_thinking": req.thinking}
+    text = slot.chat.render(messages, add_generation_prompt=True, tools=tools, extra=extra)
+    text += req.prefill
+    chat_tools.note_prompt(plan, text)
+    return text
+
+
+async def _prompt_ids(slot, plan, req) -> list[int]:
+    def encode():
+        return slot.tokenizer.encode(_prompt(slot, plan, req), add_special=True, parse_special=True)
+
+    return await run_in_threadpool(encode)
+
+
+def _method_check(request: Request) -> None:
+    if request.method != "POST":
+        raise APIError(405, f"method {request.method} not allowed on {request.url.path}")
+
+
+async def messages(request: Request) -> Response:
+    _method_check(request)
+    slot, req, model = await _prepare(request, anthropic_schemas.parse_messages)
+    plan = _plan(slot, req)
+    ids = await _prompt_ids(slot, plan, req)
+    options = None
+    if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
+        options = functools.partial(chat_tools.constraint_options, plan, response=req.constraint)
+    msg_id = f"msg_{uuid.uuid4().hex}"
+    gen = await _submit(slot, msg_id, [ids], req, lambda p: slot.max_len - p, options)
+    parser = plan.parser() if plan.parses else None
+    if req.stream:
+        return SSEResponse(message_events(gen, parser, msg_id, model, len(ids), req.stop_sequences,
+                                          slot.tokenizer), gen.close)
+    try:
+        ok, _ = await until_disconnect(gen.collect(), request.receive)
+        if not ok:
+            return Response(status_code=499)
+        err = _error_finish(gen)
+        if err is not None:
+            raise APIError(500, f"generation failed: {err}", code="engine_error")
+        c = gen.choices[0]
+        blocks = ContentBlocks()
+        for piece in pieces_of(parser, "".join(d.text for d in c.deltas), final=True):
+            blocks.add(piece)
+        blocks.close()
+        out_ids = [d.token_id for d in c.deltas if d.token_id is not None]
+        reason, seq = stop_reason(c.finish_reason, blocks, slot.tokenizer, out_ids,
+                                  req.stop_sequences)
+        return JSONResponse(message(msg_id, model, blocks.blocks, reason, seq, len(ids),
+                                    gen.usage_completion_tokens))
+    finally:
+        gen.close()
+
+
+async def count_tokens(request: Request) -> Response:
+    """The prompt's token count as /v1/messages would render it (system, tools, history)."""
+    _method_check(request)
+    slot, req, _ = await _prepare(request, anthropic_schemas.parse_count_tokens)
+    ids = await _prompt_ids(slot, _plan(slot, req), req)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+async def not_found(request: Request) -> Response:
+    raise APIError(404, f"no route {request.method} {request.url.path} (edged serves "
+                   "/v1/messages and /v1/messages/count_tokens of Anthropic's API)")
+
+
+# every method reaches the routes, so a wrong one gets Anthropic's 405, not starlette's
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def anthropic_routes() -> list[Route]:
+    return [Route("/v1/messages", anthropic_errors(messages), methods=_METHODS),
+            Route("/v1/messages/count_tokens", anthropic_errors(count_tokens), methods=_METHODS),
+            Route("/v1/messages/{rest:path}", anthropic_errors(not_found), methods=_METHODS)]
