@@ -24,6 +24,8 @@ from edged.server.errors import APIError, error_body, error_response, sse_error_
 from edged.server.generation import Generation
 from edged.server.lifecycle import FAILED, READY, ServerState
 from edged.server.metrics import CONTENT_TYPE
+from edged.server import openapi_shapes as shapes
+from edged.server.openapi import openapi_json
 from edged.server.ollama_routes import ollama_routes
 from edged.server.responses import SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged, usage
 from edged.server.responses_api_route import responses_api_routes
@@ -31,6 +33,7 @@ from edged.server.route_common import (HOLDS, _chunk, _json_body, _prepare, _res
                                        model_slot)
 from edged.server.schemas import requested_model
 from edged.server.security import BodyTooLarge, SecurityMiddleware
+from edged.server.spec import Operation, operation
 
 log = logging.getLogger("edged.server")
 
@@ -39,6 +42,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 # -- health, models, metrics -----------------------------------------------------------------------
 
+@operation(Operation("Liveness: ok once the server serves", response=shapes.HEALTH, public=True,
+                     tag="server", responses={"503": {"description": "loading or failed (see Retry-After)",
+                                                      "content": {"application/json": {"schema": shapes.HEALTH}}}}))
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.edged
     if state.status == READY:
@@ -49,6 +55,7 @@ async def health(request: Request) -> Response:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
+@operation(Operation("Every servable model and its status", response=shapes.MODEL_LIST))
 async def list_models(request: Request) -> Response:
     """Every servable model, with its status (loaded, loading, unloaded)."""
     state: ServerState = request.app.state.edged
@@ -56,12 +63,14 @@ async def list_models(request: Request) -> Response:
                          "data": [s.card(state.created) for s in state.models.listed()]})
 
 
+@operation(Operation("One model", response=shapes.MODEL_CARD, statuses=(404,)))
 async def get_model(request: Request) -> Response:
     state: ServerState = request.app.state.edged
     slot = state.models.resolve(request.path_params["model_id"])
     return JSONResponse(slot.card(state.created))
 
 
+@operation(Operation("Prometheus metrics", media="text/plain", tag="server"))
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.edged
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
@@ -74,6 +83,8 @@ async def _tokenizer(request: Request, body):
     return (await model_slot(request, requested_model(body))).tokenizer
 
 
+@operation(Operation("Text to token ids", body=schemas.TOKENIZE, response=shapes.TOKENS,
+                     statuses=(404, 503), tag="llama-server"))
 async def tokenize(request: Request) -> Response:
     body = await _json_body(request)
     tok = await _tokenizer(request, body)
@@ -85,6 +96,8 @@ async def tokenize(request: Request) -> Response:
     return JSONResponse({"tokens": [{"id": i, "piece": tt.get(i)[0]} for i in ids]})
 
 
+@operation(Operation("Token ids to text", body=schemas.DETOKENIZE, response=shapes.CONTENT,
+                     statuses=(404, 503), tag="llama-server"))
 async def detokenize(request: Request) -> Response:
     body = await _json_body(request)
     tok = await _tokenizer(request, body)
@@ -94,6 +107,9 @@ async def detokenize(request: Request) -> Response:
 
 # -- generation -------------------------------------------------------------------------------------
 
+@operation(Operation("A text completion", body=schemas.COMPLETION, response=shapes.TEXT_COMPLETION,
+                     stream_media="text/event-stream", stream_item=shapes.TEXT_CHUNK,
+                     statuses=(404, 500, 503)))
 async def completions(request: Request) -> Response:
     slot, req, model = await _prepare(request, schemas.parse_completion)
     tok = slot.tokenizer
@@ -189,6 +205,7 @@ ROUTES = [
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
     *ollama_routes(),  # Ollama's API, /api/* (edged/server/ollama_routes.py)
     *anthropic_routes(),  # Anthropic's Messages API, /v1/messages* (edged/server/anthropic_routes.py)
 ]

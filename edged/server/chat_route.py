@@ -17,8 +17,13 @@ from edged.server.errors import APIError, sse_error_event
 from edged.server.generation import Generation
 from edged.server.responses import SSE_DONE, TokenText, chat_logprob_entry, finish_reason, is_logged, usage
 from edged.server.route_common import _chunk, _prepare, _respond, _submit
+from edged.server import openapi_shapes as shapes
+from edged.server.spec import Operation, operation
 
 
+@operation(Operation("A chat completion", body=schemas.CHAT, response=shapes.CHAT_COMPLETION,
+                     stream_media="text/event-stream", stream_item=shapes.CHAT_CHUNK,
+                     statuses=(404, 500, 503)))
 async def chat_completions(request: Request) -> Response:
     slot, req, model = await _prepare(request, schemas.parse_chat)
     tok = slot.tokenizer

@@ -13,11 +13,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edged.server import chat_tools, ollama_models, ollama_schemas, schemas
+from edged.server import openapi_shapes as shapes
 from edged.server.errors import APIError, bad_request
 from edged.server.generation import Generation, until_disconnect
 from edged.server.ollama_responses import (NDJSONResponse, done_reason, error_object, line,
                                            logprob_entries, stats, timestamp, tool_calls)
 from edged.server.responses import TokenText
+from edged.server.spec import Operation, operation
 from edged.server.route_common import (_error_finish, _json_body, _prepare, _submit, model_slot,
                                        set_keep_alive)
 
@@ -76,10 +78,13 @@ async def _load_or_unload(request: Request, body: dict, empty_message: dict | No
 
 # -- /api/chat -----------------------------------------------------------------------------------
 
+@operation(Operation("Ollama: a chat reply", body=ollama_schemas.CHAT, response=shapes.OLLAMA_CHAT,
+                     stream_media="application/x-ndjson", stream_item=shapes.OLLAMA_CHAT,
+                     errors="ollama", statuses=(404, 500, 503), tag="ollama"))
 async def api_chat(request: Request) -> Response:
     started = time.monotonic()
     body = ollama_schemas.check_object(await _json_body(request))
-    if ollama_schemas.is_empty(body, "messages"):
+    if ollama_schemas.is_empty(body, ollama_schemas.CHAT, "messages"):
         return await _load_or_unload(request, body, {"role": "assistant", "content": ""})
     slot, req, model = await _prepare(request, ollama_schemas.parse_chat)
     load_s = time.monotonic() - started
@@ -178,10 +183,14 @@ async def _chat_lines(gen: Generation, req, plan, model: str, tt, started: float
 
 # -- /api/generate -------------------------------------------------------------------------------
 
+@operation(Operation("Ollama: a completion", body=ollama_schemas.GENERATE,
+                     response=shapes.OLLAMA_GENERATE, stream_media="application/x-ndjson",
+                     stream_item=shapes.OLLAMA_GENERATE, errors="ollama", statuses=(404, 500, 503),
+                     tag="ollama"))
 async def api_generate(request: Request) -> Response:
     started = time.monotonic()
     body = ollama_schemas.check_object(await _json_body(request))
-    if ollama_schemas.is_empty(body, "prompt"):
+    if ollama_schemas.is_empty(body, ollama_schemas.GENERATE, "prompt"):
         return await _load_or_unload(request, body, None)
     slot, req, model = await _prepare(request, ollama_schemas.parse_generate)
     load_s = time.monotonic() - started

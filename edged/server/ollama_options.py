@@ -8,10 +8,10 @@ edged does not implement are a 400 unless they hold their neutral value.
 
 from __future__ import annotations
 
-from typing import Any
 
+from edged.server import schemas
 from edged.server.errors import APIError, bad_request
-from edged.server.schemas import _int, _type_name
+from edged.server.spec import AnyOf, Array, Field, Integer, Number, Object, String
 
 # Ollama option -> the OpenAI / edged field that carries it
 RENAMED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -33,13 +33,35 @@ MAX_STOP = 16  # SamplingParams' limit (Ollama models often carry several stop s
 MAX_STOP_CHARS = 256
 
 
-def openai_fields(options: Any) -> dict:
-    """The OpenAI-shaped request fields of an Ollama `options` object, Ollama's defaults filled in.
-    `stop` and `repeat_last_n` are left out: see `stop_strings` and `repeat_last_n`."""
+def _same_as(openai_name: str, default=None, **kw) -> Field:
+    """An option with the rules of the OpenAI field that carries it."""
+    node = schemas.GENERATION.field(openai_name).node
+    name = next(k for k, v in RENAMED.items() if v == openai_name)
+    return Field(name, node, default=DEFAULTS.get(name, default), **kw)
+
+
+_STOP = String(min_len=1, max_len=MAX_STOP_CHARS)
+# the options edged reads; load-time ones (IGNORED) may be sent and are ignored
+OPTIONS = Object(fields=(
+    *(_same_as(n) for n in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                            "frequency_penalty", "repetition_penalty")),
+    Field("seed", Integer(), description="negative: a random seed"),
+    Field("num_predict", Integer(), description="tokens to generate; negative: up to the context"),
+    Field("repeat_last_n", Integer(lo=-1), default=DEFAULT_REPEAT_LAST_N,
+          description="the penalties' window: -1 the whole history, 0 off"),
+    Field("stop", AnyOf((_STOP, Array(_STOP, max_items=MAX_STOP)), what="a string or an array of strings")),
+    Field("mirostat", Integer(), description="only 0 (off)"),
+    Field("typical_p", Number(), description="only 1 (off)"),
+    Field("tfs_z", Number(), description="only 1 (off)"),
+), description="ignored: " + ", ".join(sorted(IGNORED)))
+
+
+def openai_fields(options: dict | None) -> dict:
+    """The OpenAI-shaped request fields of an Ollama `options` object (checked by OPTIONS),
+    Ollama's defaults filled in. `stop` and `repeat_last_n` are left out: see `stop_strings`
+    and `repeat_last_n`."""
     if options is None:
         options = {}
-    if not isinstance(options, dict):
-        raise bad_request(f"'options' must be an object, got {_type_name(options)}", "options")
     for name, neutral in NEUTRAL.items():
         v = options.get(name)
         if v is not None and v != neutral:
@@ -59,31 +81,18 @@ def openai_fields(options: Any) -> dict:
     return out
 
 
-def stop_strings(options: Any) -> tuple[str, ...] | None:
-    """`options.stop` validated (a string or up to 16 strings), or None when absent."""
-    v = options.get("stop") if isinstance(options, dict) else None
+def stop_strings(options: dict | None) -> tuple[str, ...] | None:
+    """`options.stop` (a string or up to 16 strings, checked by OPTIONS), or None when absent."""
+    v = (options or {}).get("stop")
     if v is None:
         return None
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise bad_request("'options.stop' must be a string or an array of strings", "options.stop")
-    if len(stops) > MAX_STOP:
-        raise bad_request(f"'options.stop' holds at most {MAX_STOP} strings, got {len(stops)}",
-                          "options.stop")
-    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-        raise bad_request(f"each of 'options.stop' must have 1..{MAX_STOP_CHARS} characters",
-                          "options.stop")
-    return tuple(stops)
+    return (v,) if isinstance(v, str) else tuple(v)
 
 
-def repeat_last_n(options: Any) -> int:
+def repeat_last_n(options: dict | None) -> int:
     """`options.repeat_last_n`: the window of the penalties (-1 = the whole history, 0 = off)."""
-    if not isinstance(options, dict):
-        return DEFAULT_REPEAT_LAST_N
-    try:
-        return _int(options, "repeat_last_n", lo=-1, default=DEFAULT_REPEAT_LAST_N)
-    except APIError as e:
-        raise renamed(e) from None
+    v = (options or {}).get("repeat_last_n")
+    return DEFAULT_REPEAT_LAST_N if v is None else v
 
 
 def renamed(e: APIError) -> APIError:

@@ -14,8 +14,9 @@ from starlette.responses import JSONResponse, Response
 from edged.server import ollama_schemas
 from edged.server.errors import APIError, bad_request
 from edged.server.ollama_responses import NDJSONResponse, error_object, line
+from edged.server import openapi_shapes as shapes
 from edged.server.route_common import _json_body
-from edged.server.schemas import _bool
+from edged.server.spec import Operation, operation
 
 PROGRESS_EVERY_S = 0.25  # at most one download line this often (the last one always)
 _END = object()
@@ -87,13 +88,16 @@ class _PullThread:
             yield obj
 
 
+@operation(Operation("Ollama: pull a catalogue model into the store", body=ollama_schemas.PULL,
+                     response=shapes.OLLAMA_PULL, stream_media="application/x-ndjson",
+                     stream_item=shapes.OLLAMA_PULL, errors="ollama", statuses=(404, 500), tag="ollama"))
 async def api_pull(request: Request) -> Response:
     state = request.app.state.edged
-    body = ollama_schemas.check_object(await _json_body(request))
-    name = ollama_schemas.model_name(body, old_name=True)
+    v = ollama_schemas.PULL.read(await _json_body(request))
+    name = v["model"] or v["name"]
     if not name:
         raise bad_request("'model' is required: the catalogue name to pull", "model")
-    stream = _bool(body, "stream", default=True)
+    stream = v["stream"]
     job = _PullThread(_store(state), _entry(name), asyncio.get_running_loop()).start()
     if stream:
         return NDJSONResponse(_lines(job), lambda: None)

@@ -14,7 +14,9 @@ from edged.server import ollama_models, ollama_schemas
 from edged.server.ollama_generation import api_chat, api_generate
 from edged.server.ollama_pull import api_pull
 from edged.server.ollama_responses import error_response
+from edged.server import openapi_shapes as shapes
 from edged.server.route_common import _json_body
+from edged.server.spec import Operation, operation
 
 # the Ollama release whose API this implements (think, tools, format schemas, logprobs):
 # clients gate features on /api/version
@@ -32,23 +34,31 @@ def _ollama_errors(handler):
     return wrapped
 
 
+@operation(Operation("Ollama: the servable models", response=shapes.OLLAMA_TAGS, errors="ollama",
+                     tag="ollama"))
 async def api_tags(request: Request) -> Response:
     state = request.app.state.edged
     return JSONResponse({"models": await run_in_threadpool(ollama_models.tags, state)})
 
 
+@operation(Operation("Ollama: the loaded models", response=shapes.OLLAMA_PS, errors="ollama",
+                     tag="ollama"))
 async def api_ps(request: Request) -> Response:
     state = request.app.state.edged
     return JSONResponse({"models": await run_in_threadpool(ollama_models.ps, state)})
 
 
+@operation(Operation("Ollama: a model's details, metadata and template", body=ollama_schemas.SHOW,
+                     response=shapes.OLLAMA_SHOW, errors="ollama", statuses=(404,), tag="ollama"))
 async def api_show(request: Request) -> Response:
     state = request.app.state.edged
-    body = ollama_schemas.check_object(await _json_body(request))
-    model = ollama_schemas.model_name(body, old_name=True)
+    v = ollama_schemas.SHOW.read(await _json_body(request))
+    model = v["model"] or v["name"]
     return JSONResponse(await run_in_threadpool(ollama_models.show, state, model))
 
 
+@operation(Operation("Ollama: the API version", response=shapes.OLLAMA_VERSION, errors="ollama",
+                     tag="ollama"))
 async def api_version(request: Request) -> Response:
     from importlib.metadata import version
 

@@ -227,6 +227,7 @@ class Array(Node):
     items: Node | None = None
     min_items: int = 0
     max_items: int | None = None
+    why: str = ""  # said when max_items refuses (0: the feature is not supported)
     description: str = ""
 
     def takes(self, v):
@@ -240,7 +241,8 @@ class Array(Node):
             raise _error(path, "must not be empty" if self.min_items == 1 else
                          f"must hold at least {self.min_items} items")
         if self.max_items is not None and len(v) > self.max_items:
-            raise _error(path, f"holds at most {self.max_items} items, got {len(v)}")
+            raise _error(path, f"holds at most {self.max_items} items, got {len(v)}"
+                         + (f": {self.why}" if self.why else ""))
         if self.items is None:
             return v
         return [self.items.check(x, f"{path}[{i}]", ctx) for i, x in enumerate(v)]
@@ -479,20 +481,24 @@ def fields(*groups) -> tuple[Field, ...]:
 
 @dataclass(frozen=True)
 class Operation:
-    """What /openapi.json says about one route: its request body, its 200 reply (a JSON schema;
-    `stream`: the media type it streams in when the body's `stream` is true, `media` for a
-    non-JSON reply), its error shape ("openai" or "ollama") and whether it needs the API key."""
+    """What /openapi.json says about one route: its request body, its 200 reply (`response`, a
+    JSON schema, in `media`), what it streams when the body's `stream` is true (`stream_media`:
+    text/event-stream or application/x-ndjson, each event or line a `stream_item`), its error
+    shape ("openai" or "ollama"), the error statuses it answers besides the transport ones (400
+    for a bad Host, 401 without the key, 413, 431), and whether it needs the API key."""
 
     summary: str
     body: Body | None = None
     response: dict | None = None
-    stream: str | None = None
     media: str = "application/json"
+    stream_media: str | None = None
+    stream_item: dict | None = None
     errors: str = "openai"
+    statuses: tuple[int, ...] = ()
     public: bool = False
     tag: str = "openai"
-    statuses: tuple[int, ...] = (400, 404, 503)  # the errors it may answer besides 401/413
-    extra: dict = field(default_factory=dict)  # more OpenAPI operation members (parameters)
+    description: str = ""
+    responses: dict = field(default_factory=dict)  # more OpenAPI responses by status (health's 503)
 
 
 OPERATION_ATTR = "__edged_operation__"
