@@ -42,6 +42,7 @@ class ServerState:
         c = self.config
         try:
             if c.model is None and self.models.store is not None and self.models.store.list():
+                self.models.serve_store = True
                 self.models.refresh()
                 self._ready()
                 for name in c.preload:

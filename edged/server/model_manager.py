@@ -34,7 +34,8 @@ class ModelManager:
     def __init__(self, config, metrics, check_serving=None, store=None):
         self.config = config
         self.metrics = metrics
-        self.store = store  # edged.store.ModelStore whose entries are servable, or None
+        self.store = store  # edged.store.ModelStore, or None
+        self.serve_store = False  # every store entry is servable (edged serve without MODEL)
         self._check_serving = check_serving
         self.slots: dict[str, ModelSlot] = {}
         self.max_memory = parse_max_memory(config.max_memory)
@@ -56,7 +57,7 @@ class ModelManager:
     def refresh(self) -> None:
         """Follow the store: a slot for every entry (pulled since start included); slots of
         removed entries go once unloaded."""
-        if self.store is None:
+        if not self.serve_store:
             return
         entries = {m.name: m for m in self.store.list()}
         with self._lock:
@@ -104,7 +105,7 @@ class ModelManager:
         pinned = [s for s in slots if s.pinned]
         if pinned:
             return pinned[0]
-        default = self.store.default_chat_model() if self.store is not None else None
+        default = self.store.default_chat_model() if self.serve_store else None
         by_name = {s.model_name: s for s in slots}
         if default in by_name:
             return by_name[default]

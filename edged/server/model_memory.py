@@ -88,7 +88,10 @@ def parse_max_memory(spec: str | None) -> int | None:
         return int(total_memory() * value)
     if value == 0:
         return None
-    n = parse_memory(s)
+    try:
+        n = parse_memory(s)
+    except ValueError as e:
+        raise ValueError(f"--max-memory: {e}") from None
     if n < 1:
         raise ValueError(f"--max-memory must be positive, got {spec!r}")
     return n

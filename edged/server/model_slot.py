@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from edged.server.compute_thread import SharedForward
 from edged.server.config import ServerConfig
 from edged.server.errors import unavailable
 
@@ -118,7 +119,8 @@ class ModelSlot:
         kv = self.plan_kv(model)
         ecfg = engine_config_cls.from_plan(kv, max_batch_tokens=c.max_batch_tokens, max_seqs=c.max_seqs,
                                            enable_prefix_cache=c.prefix_cache, max_model_len=ctx)
-        self.engine = engine_cls(model, tokenizer, ecfg).start()
+        # forward passes on the one compute thread: one OpenMP team for all models (compute_thread)
+        self.engine = engine_cls(SharedForward(model), tokenizer, ecfg).start()
         self.tokenizer, self.chat = tokenizer, chat
         if model_path is not None:
             self.model_path = model_path

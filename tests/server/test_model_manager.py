@@ -236,6 +236,52 @@ def test_load_timeout_503_then_the_load_finishes(serve):
     _complete(c, A)
 
 
+def test_preload_loads_at_start(serve):
+    c = serve(preload=(B,))
+    _wait(lambda: _status(c)[B] == "loaded")
+    assert _status(c)[A] == "unloaded"
+
+
+def test_model_given_is_pinned_and_the_store_not_listed(store):
+    state = ServerState(_config(model=B), store=store)
+    with TestClient(create_app(state), base_url="http://localhost") as c:
+        _wait(lambda: state.status == "ready")
+        assert _status(c) == {B: "loaded"}  # its store id; the other entries are not served
+        _complete(c, "tiny-qwen", keep_alive=0)
+        assert c.post(COMP, json={"model": A, "prompt": "x"}).status_code == 404
+        time.sleep(0.2)
+        assert _status(c) == {B: "loaded"}  # pinned: keep_alive does not unload it
+
+
+def test_empty_store_serves_the_default_model(tmp_path):
+    from tests.helpers.model import default_model_path
+
+    path = default_model_path()
+    state = ServerState(_config(), store=ModelStore(tmp_path / "empty"))
+    state.load()
+    assert state.status == "ready", state.error
+    assert [s.model_name for s in state.models.listed()] == [path.stem]
+    assert state.models.resolve(None).pinned
+    state.shutdown()
+
+
+def test_drain_waits_for_every_model(serve):
+    c = serve()
+    _complete(c, A)
+    _complete(c, B)
+    state = c.app.state.edged
+    a, b = _slot(c, A), _slot(c, B)
+    a.acquire(1)
+    b.acquire(1)
+    state.begin_drain()
+    assert c.post(COMP, json={"model": A, "prompt": "x"}).status_code == 503
+    assert not state.drain_done()
+    a.release(1)
+    assert not state.drain_done()
+    b.release(1)
+    assert state.drain_done()
+
+
 # -- the manager alone ------------------------------------------------------------------------
 
 def _manager(**kw) -> ModelManager:
@@ -270,3 +316,36 @@ def test_failed_load_is_500_and_the_next_request_retries(store, tmp_path):
     assert slot.status == "loaded" and slot.error is None
     assert mm.metrics.model_loads.labels("later", "failed")._value.get() == 1
     mm.shutdown()
+
+
+def test_every_model_forwards_on_the_one_compute_thread(store):
+    """One OpenMP team for all models: both engines' forward passes run on edged-compute."""
+    from edged.loader import load
+    from edged.sampling import SamplingParams
+    from edged.server.compute_thread import ComputeThread
+    from tests.server.stub_model import StubModel
+
+    class Recording(StubModel):
+        threads: set = set()
+
+        def forward(self, batch, kv):
+            self.threads.add(threading.current_thread().name)
+            return super().forward(batch, kv)
+
+    state = ServerState(_config())
+    slots = []
+    for name in (A, B):
+        lm = load(str(store.resolve(name)), warmup=False, quiet=True)
+        slots.append(state.attach(Recording(lm.tokenizer.vocab_size), lm.tokenizer, lm.chat, str(lm.path)))
+    for s in slots:
+        assert len(s.engine.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=3))) >= 3
+    assert Recording.threads == {"edged-compute"}
+    state.shutdown()
+
+    def boom():
+        raise ValueError("kernel failed")
+
+    ct = ComputeThread("edged-compute-test")
+    with pytest.raises(ValueError, match="kernel failed"):
+        ct.run(boom)
+    assert ct.run(lambda x: x + 1, 1) == 2  # the thread survives a failed job
