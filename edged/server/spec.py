@@ -294,6 +294,8 @@ def _nullable(s: dict) -> dict:
     t = s.get("type")
     if t == "null" or (isinstance(t, list) and "null" in t):
         return s
+    if "enum" in s:
+        s = {**s, "enum": [*s["enum"], None]}
     if isinstance(t, str):
         return {**s, "type": [t, "null"]}
     if isinstance(t, list):
