@@ -40,6 +40,8 @@ class HParams:
     sliding_window: int  # attention.sliding_window (0: none)
     vocab_size: int  # rows of token_embd (checked against vocab_size / tokenizer when present)
     extra: dict = field(default_factory=dict)  # architecture-specific values (e.g. rope_base_swa)
+    # pooling_type (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank); None when absent
+    pooling_type: int | None = None
 
     @property
     def rope_freq_scale(self) -> float:
@@ -180,6 +182,7 @@ def read_hparams(gf, vocab_size: int) -> HParams:
         context_length=int_range(gf, key("context_length")),
         sliding_window=int_range(gf, key("attention.sliding_window"), lo=0, default=0),  # 0: none
         vocab_size=vocab_size,
+        pooling_type=int_range(gf, key("pooling_type"), lo=0, hi=4, default=None),
     )
     check_rope_angles(path, f"{key('rope.freq_base')}, {key('rope.scaling.factor')}", hp)
     return hp

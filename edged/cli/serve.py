@@ -77,11 +77,13 @@ def _opt(*decls, env: str, **kw):
            "8GiB, 512MB, or a fraction of RAM (0.5). Default: no limit.")
 @_opt("--preload", env="PRELOAD", multiple=True,
       help="Store model to start loading at startup (repeatable; without MODEL only).")
+@_opt("--pooling", env="POOLING", type=click.Choice(["mean", "last", "cls"]), default=None,
+      help="/v1/embeddings pooling (overrides the file's <arch>.pooling_type; without either: mean).")
 def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block_size,
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
             max_queue, drain_timeout, log_level, insecure, chat_template, reasoning_format,
             max_body_bytes, backend, gpu_layers, keep_alive, load_timeout, max_loaded_models,
-            max_memory, preload):
+            max_memory, preload, pooling):
     """Serve MODEL (a .gguf path or a store name, loaded at start) over an OpenAI-compatible API.
     Without MODEL, serve every model of the store, each loaded on first use (an empty store:
     the installed Gemma 3 270M, loaded at start)."""
@@ -111,7 +113,7 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block
             max_body_bytes=max_body_bytes,
             backend=backend, gpu_layers=gpu_layers, keep_alive=keep_alive_s,
             load_timeout=load_timeout, max_loaded_models=max_loaded_models, max_memory=max_memory,
-            preload=_split(preload))
+            preload=_split(preload), pooling=pooling)
         config.validate()
         if kv_memory is not None:
             from edged.engine.sizing import parse_memory

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from edged.server import schemas
 from edged.server.anthropic_routes import anthropic_routes
 from edged.server.chat_route import chat_completions
+from edged.server.embeddings_route import embeddings
 from edged.server.errors import APIError, error_body, error_response, sse_error_event
 from edged.server.generation import Generation
 from edged.server.lifecycle import FAILED, READY, ServerState
@@ -27,7 +28,8 @@ from edged.server.metrics import CONTENT_TYPE
 from edged.server import openapi_shapes as shapes
 from edged.server.openapi import openapi_json
 from edged.server.ollama_routes import ollama_routes
-from edged.server.responses import SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged, usage
+from edged.server.responses import (SSE_DONE, CompletionLogprobs, TokenText, finish_reason, is_logged,
+                                    prompt_scores, usage, vllm_prompt_logprobs)
 from edged.server.responses_api_route import responses_api_routes
 from edged.server.route_common import (HOLDS, _chunk, _json_body, _prepare, _respond, _submit,
                                        model_slot)
@@ -132,32 +134,52 @@ async def completions(request: Request) -> Response:
     def choices():
         out = []
         for c in gen.choices:
-            text = echoes[c.index // req.n]
+            p = c.index // req.n
+            text = echoes[p]
             lp = CompletionLogprobs() if req.top_logprobs is not None else None
+            scores = prompt_scores(c.deltas)
+            if lp is not None and req.echo:  # the prompt's tokens first (OpenAI's legacy echo)
+                lp.add_prompt(prompts[p], scores, tt, req.top_logprobs)
             for d in c.deltas:
                 if lp is not None and is_logged(d, tok):
                     lp.add(d, tt, len(text))
                 text += d.text
-            out.append({"index": c.index, "text": text,
-                        "logprobs": lp.to_dict() if lp is not None else None,
-                        "finish_reason": finish_reason(c.finish_reason)})
+            choice = {"index": c.index, "text": text,
+                      "logprobs": lp.to_dict() if lp is not None else None,
+                      "finish_reason": finish_reason(c.finish_reason)}
+            if req.prompt_logprobs is not None:  # vLLM's field
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(prompts[p], scores, tt, req.prompt_logprobs)
+            out.append(choice)
         return out
 
-    events = _completion_events(gen, req, head, n_prompt, echoes, tt) if req.stream else None
+    events = _completion_events(gen, req, head, n_prompt, prompts, echoes, tt) if req.stream else None
     return await _respond(request, gen, events, head, choices, n_prompt)
 
 
-async def _completion_events(gen: Generation, req, head: dict, n_prompt: int, echoes, tt):
+async def _completion_events(gen: Generation, req, head: dict, n_prompt: int, prompts, echoes, tt):
     sent = {c.index: 0 for c in gen.choices}  # characters sent per choice (for text_offset)
-    if req.echo:
+
+    def echo_chunk(c, scores) -> bytes:
+        e = echoes[c.index // req.n]
+        lp = None
+        if scores is not None:
+            clp = CompletionLogprobs()
+            clp.add_prompt(prompts[c.index // req.n], scores, tt, req.top_logprobs)
+            lp = clp.to_dict()
+        sent[c.index] = len(e)
+        return _chunk(head, req, [{"index": c.index, "text": e, "logprobs": lp, "finish_reason": None}])
+
+    # echo with logprobs waits for the prompt's scores (the first delta after the prefill)
+    scored_echo = req.echo and req.top_logprobs is not None
+    if req.echo and not scored_echo:
         for c in gen.choices:
-            e = echoes[c.index // req.n]
-            sent[c.index] = len(e)
-            yield _chunk(head, req, [{"index": c.index, "text": e, "logprobs": None, "finish_reason": None}])
+            yield echo_chunk(c, None)
     async for c, d in gen.events():
         if d.finish_reason == "error":
             yield sse_error_event(APIError(500, f"generation failed: {d.error}", code="engine_error"))
             continue
+        if scored_echo and d.prompt_logprobs is not None:
+            yield echo_chunk(c, d.prompt_logprobs)
         lp = None
         if req.top_logprobs is not None and is_logged(d, tt.tok):
             clp = CompletionLogprobs()
@@ -201,6 +223,7 @@ ROUTES = [
     Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),  # edged/server/embeddings_route.py
     *responses_api_routes(),  # the Responses API, /v1/responses (edged/server/responses_api_route.py)
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),

@@ -15,7 +15,8 @@ from starlette.responses import Response
 from edged.server import chat_tools, schemas
 from edged.server.errors import APIError, sse_error_event
 from edged.server.generation import Generation
-from edged.server.responses import SSE_DONE, TokenText, chat_logprob_entry, finish_reason, is_logged, usage
+from edged.server.responses import (SSE_DONE, TokenText, chat_logprob_entry, finish_reason, is_logged,
+                                    prompt_scores, usage, vllm_prompt_logprobs)
 from edged.server.route_common import _chunk, _prepare, _respond, _submit
 from edged.server import openapi_shapes as shapes
 from edged.server.spec import Operation, operation
@@ -46,6 +47,9 @@ async def chat_completions(request: Request) -> Response:
     tt = TokenText(tok)
 
     def choices():
+        if req.prompt_logprobs is not None:  # vLLM's field, beside the choices (one prompt)
+            head["prompt_logprobs"] = vllm_prompt_logprobs(ids, prompt_scores(gen.choices[0].deltas), tt,
+                                                           req.prompt_logprobs)
         out = []
         for c in gen.choices:
             text = "".join(d.text for d in c.deltas)

@@ -55,6 +55,7 @@ class ServerConfig:
     max_loaded_models: int = 3  # models loaded at once (0: no limit)
     max_memory: str | None = None  # weights + KV + workspace of the loaded models: "8GiB" or 0.5 of RAM
     preload: tuple[str, ...] = ()  # store models to start loading at startup
+    pooling: str | None = None  # /v1/embeddings: mean | last | cls; None: the file's, else mean
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -78,6 +79,8 @@ class ServerConfig:
         parse_max_memory(self.max_memory)
         if self.reasoning_format not in ("none", "auto"):
             raise ValueError(f"--reasoning-format must be none or auto, got {self.reasoning_format!r}")
+        if self.pooling not in (None, "mean", "last", "cls"):
+            raise ValueError(f"--pooling must be mean, last or cls, got {self.pooling!r}")
         if self.backend not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--backend must be auto, cpu or cuda, got {self.backend!r}")
         from edged.offload import parse_gpu_layers

@@ -54,6 +54,10 @@ class _EngineCollector:
         counter("edged_preemptions", "Requests preempted (recomputed) for lack of KV blocks.",
                 s.preemptions)
         counter("edged_engine_steps", "Engine steps run.", s.steps)
+        counter("edged_embedding_inputs", "Embedding inputs completed (/v1/embeddings).",
+                s.embedding_inputs)
+        counter("edged_embedding_tokens", "Tokens of the completed embedding inputs.",
+                s.embedding_tokens)
         counter("edged_nonfinite_logits", "Sampled rows whose logits were not finite (NaN or inf); "
                 "each failed its request.", s.nonfinite_rows)
         ratio = s.blocks_used / s.blocks_total if s.blocks_total else 0.0

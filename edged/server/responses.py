@@ -62,9 +62,44 @@ class CompletionLogprobs:
         self.top_logprobs.append({tt.get(t)[0]: lp for t, lp in delta.top_logprobs or ()})
         self.text_offset.append(self.offset + text_before)
 
+    def add_prompt(self, prompt_ids: list[int], entries: list, tt: TokenText, k: int) -> None:
+        """The echoed prompt's tokens (edged.engine.prompt_logprobs entries, the first None): its
+        token_logprobs and top_logprobs start with null, as OpenAI's legacy API."""
+        at = self.offset
+        for tid, e in zip(prompt_ids, entries):
+            s, _ = tt.get(tid)
+            self.tokens.append(s)
+            self.token_logprobs.append(None if e is None else e.logprob)
+            self.top_logprobs.append(None if e is None else {tt.get(t)[0]: lp for t, lp in e.top[:k]})
+            self.text_offset.append(at)
+            # offsets count the echoed text, where special tokens (BOS) show no characters
+            at += len(tt.tok.token_bytes(tid).decode("utf-8", errors="replace"))
+
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
                 "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+
+def prompt_scores(deltas) -> list | None:
+    """The prompt logprobs one choice's deltas carried (the first delta after its prefill)."""
+    return next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None)
+
+
+def vllm_prompt_logprobs(prompt_ids: list[int], entries: list | None, tt: TokenText, k: int) -> list | None:
+    """vLLM's prompt_logprobs: per prompt token null (the first) or {token id: {logprob, rank,
+    decoded_token}} holding the prompt token first, then the k most likely."""
+    if entries is None:
+        return None
+    out: list = []
+    for tid, e in zip(prompt_ids, entries):
+        if e is None:
+            out.append(None)
+            continue
+        d = {str(tid): {"logprob": e.logprob, "rank": e.rank, "decoded_token": tt.get(tid)[0]}}
+        for rank, (t, lp) in enumerate(e.top[:k], 1):
+            d.setdefault(str(t), {"logprob": lp, "rank": rank, "decoded_token": tt.get(t)[0]})
+        out.append(d)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

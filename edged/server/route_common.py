@@ -117,7 +117,8 @@ async def _respond(request: Request, gen: Generation, events, head: dict, choice
         err = _error_finish(gen)
         if err is not None:
             raise APIError(500, f"generation failed: {err}", code="engine_error")
-        return JSONResponse({**head, "choices": choices_of(),
+        choices = choices_of()  # first: it may add to head (chat's prompt_logprobs)
+        return JSONResponse({**head, "choices": choices,
                              "usage": usage(n_prompt, gen.usage_completion_tokens)})
     finally:
         gen.close()

@@ -8,6 +8,7 @@ out-of-range values are errors, never silently clamped.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 MAX_TOP_LOGPROBS = 20
 MAX_PROMPTS = 32  # prompts in one /v1/completions batch
 MAX_STOP_CHARS = 256
+MAX_EMBEDDING_INPUTS = 2048  # inputs per /v1/embeddings request (OpenAI's limit)
 
 _MISSING = object()
 
@@ -42,6 +44,7 @@ class GenerationRequest:
     # response_format / json_schema / grammar / structured_outputs (edged.structured.forms)
     constraint: Constraint | None = None
     keep_alive: float | None = None  # seconds the model stays loaded afterwards; None: --keep-alive
+    prompt_logprobs: int | None = None  # vLLM's field: prompt logprobs in vLLM's shape, this many top
 
 
 @dataclass
@@ -56,6 +59,15 @@ class ChatRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     prompts: list = field(default_factory=list)  # each a str or a list[int]
     echo: bool = False
+
+
+@dataclass
+class EmbeddingRequest:
+    model: str | None
+    inputs: list  # each a str or a list[int]
+    encoding_format: str = "float"  # or "base64": little-endian float32 bytes
+    dimensions: int | None = None  # truncate to this many, then renormalise
+    keep_alive: float | None = None
 
 
 @dataclass
@@ -252,6 +264,10 @@ _FUNCTION = Object(fields=(
     Field("description", String()),
     Field("parameters", Object(), description="a JSON Schema of an object"),
     Field("strict", Boolean())))
+PROMPT_LOGPROBS = Field("prompt_logprobs", Integer(0, MAX_TOP_LOGPROBS),
+                        description="vLLM: every prompt token's logprob, rank and this many most "
+                        "likely tokens (the first token's entry is null)")
+
 TOOLS = (
     Field("tools", Array(Object(fields=(Field("type", String(enum=("function",))),
                                         Field("function", _FUNCTION, required=True))))),
@@ -271,19 +287,41 @@ CHAT = Body("ChatCompletionRequest", fields(
     Field("top_logprobs", Integer(0, MAX_TOP_LOGPROBS), description="requires logprobs: true"),
     Field("reasoning_format", String(enum=("none", "auto", "deepseek")),
           description="split <think> into reasoning_content (auto; deepseek means auto) or not"),
+    PROMPT_LOGPROBS,
 ))
 
 _IDS = Array(TokenId(), min_items=1)
+# the legacy API's max_tokens 0: the prompt only (with echo and logprobs: its log-probabilities)
+_COMPLETION_COMMON = tuple(Field("max_tokens", Integer(lo=0), description="0: no completion (with echo "
+                                 "and logprobs: the prompt's log-probabilities only)")
+                           if f.name == "max_tokens" else f for f in COMMON)
 COMPLETION = Body("CompletionRequest", fields(
     Field("prompt", AnyOf((String(), Array(String(), min_items=1, max_items=MAX_PROMPTS), _IDS,
                            Array(_IDS, min_items=1, max_items=MAX_PROMPTS)),
                           what="a string, an array of strings, an array of token ids or an array of "
                           "token-id arrays (non-empty)"), required=True),
-    COMMON,
+    _COMPLETION_COMMON,
     Field("logprobs", Integer(0, MAX_TOP_LOGPROBS), description="top log-probabilities per token"),
-    Field("echo", Boolean(), default=False, description="not with logprobs"),
+    Field("echo", Boolean(), default=False, description="the prompt before the completion; with "
+          "logprobs, the prompt tokens' log-probabilities too (the first null)"),
+    PROMPT_LOGPROBS,
     Field("suffix", Unsupported()),
     Field("best_of", Integer(1, MAX_N), description="only equal to n"),
+))
+
+_TEXT = String(min_len=1)
+EMBEDDINGS = Body("EmbeddingRequest", fields(
+    MODEL,
+    Field("input", AnyOf((_TEXT, Array(_TEXT, min_items=1, max_items=MAX_EMBEDDING_INPUTS), _IDS,
+                          Array(_IDS, min_items=1, max_items=MAX_EMBEDDING_INPUTS)),
+                         what="a string, an array of strings, an array of token ids or an array of "
+                         "token-id arrays (non-empty)"), required=True,
+          description=f"at most {MAX_EMBEDDING_INPUTS} inputs, each within the model's context"),
+    Field("encoding_format", String(enum=("float", "base64")), default="float",
+          description="base64: the little-endian float32 bytes"),
+    Field("dimensions", Integer(lo=1), description="keep the first N, then renormalise"),
+    Field("user", String(), description="accepted, unused"),
+    KEEP_ALIVE,
 ))
 
 TOKENIZE = Body("TokenizeRequest", fields(
@@ -315,8 +353,20 @@ def parse_chat(body: Any, vocab_size: int) -> ChatRequest:
         top = v["top_logprobs"] or 0
     elif v["top_logprobs"] is not None:
         raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
-    return ChatRequest(**common, top_logprobs=top, messages=v["messages"], tools=v["tools"],
-                       tool_request=tool_request, reasoning_format=reasoning_format)
+    return ChatRequest(**_with_prompt_logprobs(common, v["prompt_logprobs"]), top_logprobs=top,
+                       messages=v["messages"], tools=v["tools"], tool_request=tool_request,
+                       reasoning_format=reasoning_format)
+
+
+def _with_prompt_logprobs(common: dict, vllm_k: int | None, echo_k: int | None = None) -> dict:
+    """common with prompt_logprobs (vLLM's field) and the engine's prompt_logprobs: the most top
+    entries either form asks for (echo + logprobs needs them for the legacy shape)."""
+    if vllm_k is not None and common["stream"]:  # as vLLM
+        raise bad_request("'prompt_logprobs' is not available with 'stream': true", "prompt_logprobs")
+    asked = [k for k in (vllm_k, echo_k) if k is not None]
+    if asked:
+        common["params"] = dataclasses.replace(common["params"], prompt_logprobs=max(asked))
+    return {**common, "prompt_logprobs": vllm_k}
 
 
 def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
@@ -328,12 +378,18 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
     if len(prompts) * common["n"] > MAX_PROMPTS:
         raise bad_request(f"prompts x n must be <= {MAX_PROMPTS}", "n")
     top, echo = v["logprobs"], v["echo"]
-    if echo and top is not None:
-        raise bad_request("'echo' with 'logprobs' (prompt log-probabilities) is not supported",
-                          "echo")
     if v["best_of"] is not None and v["best_of"] != common["n"]:
         raise bad_request("'best_of' other than n is not supported", "best_of")
+    common = _with_prompt_logprobs(common, v["prompt_logprobs"], top if echo else None)
     return CompletionRequest(**common, top_logprobs=top, prompts=prompts, echo=echo)
+
+
+def parse_embeddings(body: Any, vocab_size: int) -> EmbeddingRequest:
+    """Validate a /v1/embeddings body; `inputs` becomes a list of strings and token-id lists."""
+    v = EMBEDDINGS.read(body, vocab_size=vocab_size)
+    x = v["input"]
+    inputs = [x] if isinstance(x, str) or isinstance(x[0], int) else list(x)
+    return EmbeddingRequest(v["model"], inputs, v["encoding_format"], v["dimensions"], v["keep_alive"])
 
 
 def parse_tokenize(body: Any) -> TokenizeRequest:
