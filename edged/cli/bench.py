@@ -49,10 +49,13 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
 @click.option("--structured", is_flag=True,
               help="Decode tokens/s under a JSON schema vs unconstrained (interleaved runs) at "
                    "--concurrency levels (default 1,8), and the grammar mask time per token.")
+@click.option("--embeddings", is_flag=True,
+              help="Embedding inputs/s through the engine for --concurrency concurrent inputs "
+                   "(default 16) of the first --prompt-tokens length (128 unless given).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @backend_options
 def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
-            prefix_cache, breakdown, structured, as_json, backend, gpu_layers):
+            prefix_cache, breakdown, structured, embeddings, as_json, backend, gpu_layers):
     """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
@@ -68,7 +71,11 @@ def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tok
         report["structured"] = _structured_section(model, concurrency, gen_tokens, repeat, as_json,
                                                    backend, gpu_layers)
         concurrency = None  # its levels were the structured section's
-    if (not kernels and not structured) or concurrency or prefix_cache or breakdown:
+    if embeddings:
+        report["embeddings"] = _embeddings_section(model, concurrency, prompt_tokens, repeat, as_json,
+                                                   backend, gpu_layers)
+        concurrency = None  # its levels were the embeddings section's
+    if (not kernels and not structured and not embeddings) or concurrency or prefix_cache or breakdown:
         report.update(_model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency,
                                       prefix_cache, breakdown, kernels, as_json, backend, gpu_layers, clock))
     if as_json:
@@ -88,6 +95,25 @@ def _structured_section(model, concurrency, gen_tokens, repeat, as_json, backend
     (click.echo if not as_json else lambda s: click.echo(s, err=True))(
         constrained.format_constrained(report))
     return report
+
+
+def _embeddings_section(model, concurrency, prompt_tokens, repeat, as_json, backend, gpu_layers) -> dict:
+    from edged.bench import embeddings as bench_embeddings
+    from edged.loader import load
+
+    try:
+        levels = _levels(concurrency) or [16]
+        length = (_levels(prompt_tokens) or [128])[0]
+    except ValueError:
+        raise click.UsageError("--concurrency and --prompt-tokens take comma-separated integers") from None
+    try:
+        lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
+                  kv_tokens=max(levels) * (length + 16) + 2048)
+    except ValueError as e:  # OffloadError, GGUFError
+        raise click.ClickException(str(e)) from None
+    rows = bench_embeddings.bench_embeddings(lm, levels, length, repeat=max(1, min(repeat, 3)))
+    (click.echo if not as_json else lambda s: click.echo(s, err=True))(bench_embeddings.format_embeddings(rows))
+    return {"placement": lm.placement.describe(), "levels": rows}
 
 
 def _levels(value) -> list[int]:
