@@ -1,8 +1,6 @@
-"""Anthropic's response pieces: content blocks (thinking, text, tool_use) built from the output
-parser's pieces, as stream events and as the whole message's `content`; stop_reason; the message.
-
-One path for both: the whole reply is the parser fed the whole text at once, so a streamed reply
-and a whole one open the same blocks."""
+"""Anthropic's response pieces: content blocks (thinking, text, tool_use) from the output
+parser, as stream events (ContentBlocks, fed the parser's pieces) and as the whole message's
+`content` (blocks_of the parsed message); stop_reason; the message."""
 
 from __future__ import annotations
 
@@ -21,21 +19,21 @@ class ContentBlocks:
     comes (a template's newline before a call is no block). `add` / `close` return the events."""
 
     def __init__(self):
-        self.blocks: list[dict] = []
+        self.types: list[str] = []  # each opened block's type
         self._open: tuple | None = None  # ("thinking",), ("text",) or ("tool_use", call index)
-        self._args: dict[int, str] = {}  # block index -> a tool call's arguments so far
         self._space = ""  # whitespace held back before a text block
 
     @property
     def has_tool_use(self) -> bool:
-        return any(b["type"] == "tool_use" for b in self.blocks)
+        return "tool_use" in self.types
 
     def add(self, piece: StreamDelta) -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
         if piece.reasoning_content:
-            events += self._start(("thinking",), {"type": "thinking", "thinking": "", "signature": ""})
-            events += self._delta("thinking", {"type": "thinking_delta",
-                                               "thinking": piece.reasoning_content})
+            if self._open != ("thinking",):
+                events += self._start(("thinking",), {"type": "thinking", "thinking": "",
+                                                      "signature": ""})
+            events += self._delta({"type": "thinking_delta", "thinking": piece.reasoning_content})
         elif piece.content:
             text = piece.content
             if self._open != ("text",):
@@ -44,49 +42,40 @@ class ContentBlocks:
                     return events
                 text, self._space = self._space + text, ""
                 events += self._start(("text",), {"type": "text", "text": ""})
-            events += self._delta("text", {"type": "text_delta", "text": text})
+            events += self._delta({"type": "text_delta", "text": text})
         elif piece.tool_call is not None:
             tc = piece.tool_call
             if tc.id is not None:
                 events += self._start(("tool_use", tc.index), {"type": "tool_use", "id": tc.id,
                                                                "name": tc.name, "input": {}})
             if tc.arguments:
-                events += self._delta("input", {"type": "input_json_delta",
-                                                "partial_json": tc.arguments})
+                events += self._delta({"type": "input_json_delta", "partial_json": tc.arguments})
         return events
 
     def close(self) -> list[tuple[str, dict]]:
-        """The open block's stop event; tool inputs parsed into `blocks`."""
+        """The open block's stop event."""
         self._space = ""
-        events = self._stop()
-        for i, args in self._args.items():
-            self.blocks[i]["input"] = json.loads(args) if args.strip() else {}
-        return events
+        return self._stop()
 
     def _start(self, key: tuple, block: dict) -> list[tuple[str, dict]]:
         events = self._stop()
+        self._space = ""  # whitespace before another kind of block belongs to no block
         self._open = key
-        self.blocks.append(dict(block))
-        if block["type"] == "tool_use":
-            self._args[len(self.blocks) - 1] = ""
+        self.types.append(block["type"])
         return events + [("content_block_start", {"type": "content_block_start",
-                                                  "index": len(self.blocks) - 1,
+                                                  "index": len(self.types) - 1,
                                                   "content_block": block})]
 
-    def _delta(self, field: str, delta: dict) -> list[tuple[str, dict]]:
-        i = len(self.blocks) - 1
-        if field == "input":
-            self._args[i] += delta["partial_json"]
-        else:
-            self.blocks[i][field] += delta[field]
-        return [("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})]
+    def _delta(self, delta: dict) -> list[tuple[str, dict]]:
+        return [("content_block_delta", {"type": "content_block_delta",
+                                         "index": len(self.types) - 1, "delta": delta})]
 
     def _stop(self) -> list[tuple[str, dict]]:
         if self._open is None:
             return []
         self._open = None
         return [("content_block_stop", {"type": "content_block_stop",
-                                        "index": len(self.blocks) - 1})]
+                                        "index": len(self.types) - 1})]
 
 
 def pieces_of(parser, text: str, final: bool) -> list[StreamDelta]:
@@ -100,6 +89,22 @@ def pieces_of(parser, text: str, final: bool) -> list[StreamDelta]:
     return out
 
 
+def blocks_of(parser, text: str) -> list[dict]:
+    """The whole reply's content: thinking, text (unless only whitespace, as in a stream), then
+    the tool calls; a call cut off by max_tokens stays text, as on the OpenAI route."""
+    if parser is None:
+        return [{"type": "text", "text": text}] if text.strip() else []
+    parsed = parser.parse(text)
+    out = []
+    if parsed.reasoning_content:
+        out.append({"type": "thinking", "thinking": parsed.reasoning_content, "signature": ""})
+    if parsed.content.strip():
+        out.append({"type": "text", "text": parsed.content})
+    out += [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)}
+            for c in parsed.tool_calls]
+    return out
+
+
 def matched_stop(tok, output_ids: list[int], stops: tuple[str, ...]) -> str | None:
     """Which stop sequence ended the output: the one the engine cut at, the earliest in the
     decoded output (the engine reports only that a stop string matched)."""
@@ -110,13 +115,13 @@ def matched_stop(tok, output_ids: list[int], stops: tuple[str, ...]) -> str | No
     return min(hits)[2] if hits else None
 
 
-def stop_reason(engine_reason: str | None, blocks: ContentBlocks, tok, output_ids: list[int],
+def stop_reason(engine_reason: str | None, has_tool_use: bool, tok, output_ids: list[int],
                 stops: tuple[str, ...]) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): tool_use when a stopped reply holds calls, stop_sequence
     when a stop string (not an end-of-generation token) ended it, else end_turn."""
     if engine_reason != "stop":
         return _STOP.get(engine_reason, "end_turn"), None
-    if blocks.has_tool_use:
+    if has_tool_use:
         return "tool_use", None
     if output_ids and not tok.is_eog(output_ids[-1]):
         seq = matched_stop(tok, output_ids, stops)

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from edged.server import anthropic_schemas, chat_tools
 from edged.server.anthropic_errors import anthropic_errors
-from edged.server.anthropic_output import ContentBlocks, message, pieces_of, stop_reason
+from edged.server.anthropic_output import blocks_of, message, stop_reason
 from edged.server.anthropic_stream import message_events
 from edged.server.errors import APIError
 from edged.server.generation import until_disconnect
@@ -73,14 +73,11 @@ async def messages(request: Request) -> Response:
         if err is not None:
             raise APIError(500, f"generation failed: {err}", code="engine_error")
         c = gen.choices[0]
-        blocks = ContentBlocks()
-        for piece in pieces_of(parser, "".join(d.text for d in c.deltas), final=True):
-            blocks.add(piece)
-        blocks.close()
+        content = blocks_of(parser, "".join(d.text for d in c.deltas))
         out_ids = [d.token_id for d in c.deltas if d.token_id is not None]
-        reason, seq = stop_reason(c.finish_reason, blocks, slot.tokenizer, out_ids,
-                                  req.stop_sequences)
-        return JSONResponse(message(msg_id, model, blocks.blocks, reason, seq, len(ids),
+        reason, seq = stop_reason(c.finish_reason, any(b["type"] == "tool_use" for b in content),
+                                  slot.tokenizer, out_ids, req.stop_sequences)
+        return JSONResponse(message(msg_id, model, content, reason, seq, len(ids),
                                     gen.usage_completion_tokens))
     finally:
         gen.close()

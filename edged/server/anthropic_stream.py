@@ -33,7 +33,7 @@ async def message_events(gen: Generation, parser, msg_id: str, model: str, n_pro
                 continue
             for name, data in blocks.close():
                 yield sse_event(name, data)
-            reason, seq = stop_reason(d.finish_reason, blocks, tok, ids, stops)
+            reason, seq = stop_reason(d.finish_reason, blocks.has_tool_use, tok, ids, stops)
             yield sse_event("message_delta", {
                 "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
                 "usage": {"output_tokens": gen.usage_completion_tokens}})
