@@ -139,3 +139,20 @@ def test_scored_rows_per_step_bound():
     assert max_scored_rows(32_000, 512) == 512
     assert max_scored_rows(10**9, 512) == 16  # never fewer than 16 rows
     assert max_scored_rows(300, 8) == 8
+
+
+def test_non_finite_scored_row_fails_that_request_only(tiny):
+    from tests.engine.test_nonfinite_guard import PoisonedModel
+
+    model, tok = tiny
+    eng = start_engine((PoisonedModel(model, 20, np.nan), tok), max_scored_rows=16)
+    try:
+        bad = eng.add_request(PROMPT, scored(k=1, n=3))
+        ok = eng.add_request(PROMPT[:12], greedy(4))  # never reaches position 20
+        (d,) = list(bad)
+        assert d.finish_reason == "error" and "at position 20" in d.error and d.prompt_logprobs is None
+        assert len(token_ids(list(ok))) == 4
+        assert eng.stats().nonfinite_rows == 1
+        assert_all_blocks_free(eng)
+    finally:
+        eng.stop()
