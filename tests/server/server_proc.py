@@ -85,16 +85,6 @@ class ServerProcess:
                 out[name] = out.get(name, 0.0) + float(value)
         return out
 
-    def model_metrics(self, model: str) -> dict[str, float]:
-        """The samples labelled model=`model` as name -> value (other labels kept in the name)."""
-        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#") and f'model="{model}"' in line:
-                series, value = line.rsplit(" ", 1)
-                out[series.replace(f'model="{model}",', "").replace(f'{{model="{model}"}}', "")] = float(value)
-        return out
-
 
 @contextmanager
 def running_server(args: list[str], log_path: Path, api_key: str | None = None):
