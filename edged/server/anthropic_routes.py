@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edged.server import anthropic_schemas, chat_tools
+from edged.server import openapi_shapes as shapes
 from edged.server.anthropic_errors import anthropic_errors
 from edged.server.anthropic_output import blocks_of, message, stop_reason
 from edged.server.anthropic_stream import message_events
@@ -20,6 +21,7 @@ from edged.server.errors import APIError
 from edged.server.generation import until_disconnect
 from edged.server.responses import SSEResponse
 from edged.server.route_common import _error_finish, _prepare, _submit
+from edged.server.spec import Operation, operation
 
 
 def _plan(slot, req):
@@ -46,13 +48,11 @@ async def _prompt_ids(slot, plan, req) -> list[int]:
     return await run_in_threadpool(encode)
 
 
-def _method_check(request: Request) -> None:
-    if request.method != "POST":
-        raise APIError(405, f"method {request.method} not allowed on {request.url.path}")
-
-
+@operation(Operation("Anthropic: a message (Messages API)", body=anthropic_schemas.MESSAGES,
+                     response=shapes.ANTHROPIC_MESSAGE, stream_media="text/event-stream",
+                     stream_item=shapes.ANTHROPIC_EVENT, errors="anthropic", tag="anthropic",
+                     statuses=(404, 500, 503)))
 async def messages(request: Request) -> Response:
-    _method_check(request)
     slot, req, model = await _prepare(request, anthropic_schemas.parse_messages)
     plan = _plan(slot, req)
     ids = await _prompt_ids(slot, plan, req)
@@ -83,24 +83,17 @@ async def messages(request: Request) -> Response:
         gen.close()
 
 
+@operation(Operation("Anthropic: the prompt's token count", body=anthropic_schemas.COUNT_TOKENS,
+                     response=shapes.ANTHROPIC_TOKEN_COUNT, errors="anthropic", tag="anthropic",
+                     statuses=(404, 503)))
 async def count_tokens(request: Request) -> Response:
     """The prompt's token count as /v1/messages would render it (system, tools, history)."""
-    _method_check(request)
     slot, req, _ = await _prepare(request, anthropic_schemas.parse_count_tokens)
     ids = await _prompt_ids(slot, _plan(slot, req), req)
     return JSONResponse({"input_tokens": len(ids)})
 
 
-async def not_found(request: Request) -> Response:
-    raise APIError(404, f"no route {request.method} {request.url.path} (edged serves "
-                   "/v1/messages and /v1/messages/count_tokens of Anthropic's API)")
-
-
-# every method reaches the routes, so a wrong one gets Anthropic's 405, not starlette's
-_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-
-
 def anthropic_routes() -> list[Route]:
-    return [Route("/v1/messages", anthropic_errors(messages), methods=_METHODS),
-            Route("/v1/messages/count_tokens", anthropic_errors(count_tokens), methods=_METHODS),
-            Route("/v1/messages/{rest:path}", anthropic_errors(not_found), methods=_METHODS)]
+    # other paths and methods under /v1/messages get Anthropic's 404 / 405 from app._http_exception
+    return [Route("/v1/messages", anthropic_errors(messages), methods=["POST"]),
+            Route("/v1/messages/count_tokens", anthropic_errors(count_tokens), methods=["POST"])]

@@ -53,14 +53,15 @@ class Tagged(Node):
         if isinstance(kind, str) and kind in self.refused:
             raise bad_request(f"'{path}.type' {kind!r} is not supported: {self.refused[kind]}",
                               f"{path}.type")
-        if kind not in self.kinds:
+        if not isinstance(kind, str) or kind not in self.kinds:
             shown = repr(kind[:40]) if isinstance(kind, str) else type_name(kind)
             raise bad_request(f"'{path}.type' must be one of {', '.join(map(repr, self.kinds))}, "
                               f"got {shown}", f"{path}.type")
         return self.kinds[kind].check(v, path, ctx)
 
     def json_schema(self):
-        return {"oneOf": [o.schema() for o in self.kinds.values()],
+        # anyOf (the `type` consts make the branches disjoint), so an optional field adds null
+        return {"anyOf": [o.schema() for o in self.kinds.values()],
                 "discriminator": {"propertyName": "type"}}
 
 

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edged.server import schemas
+from edged.server.anthropic_errors import error_response as anthropic_error_response, is_anthropic_path
 from edged.server.anthropic_routes import anthropic_routes
 from edged.server.chat_route import chat_completions
 from edged.server.embeddings_route import embeddings
@@ -201,6 +202,8 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
     msg = {404: f"no route {request.method} {request.url.path}",
            405: f"method {request.method} not allowed on {request.url.path}"}.get(
         exc.status_code, str(exc.detail))
+    if is_anthropic_path(request.url.path):  # /v1/messages/batches, GET /v1/messages
+        return anthropic_error_response(APIError(exc.status_code, msg))
     return JSONResponse(error_body(exc.status_code, msg, code="not_found" if exc.status_code == 404
                                    else None), status_code=exc.status_code)
 

@@ -19,6 +19,8 @@ _STATUS_TEXT = {400: "invalid request (the message and param name the field)", 4
 _TAGS = [{"name": "openai", "description": "OpenAI-compatible API"},
          {"name": "llama-server", "description": "llama-server's tokenize / detokenize"},
          {"name": "ollama", "description": "Ollama's API; errors are {\"error\": message}"},
+         {"name": "anthropic", "description": "Anthropic's Messages API; errors are {\"type\": \"error\", "
+          "\"error\": {\"type\", \"message\"}}"},
          {"name": "server", "description": "health, metrics and this document"}]
 
 
@@ -38,7 +40,8 @@ def _path_and_parameters(route: Route) -> tuple[str, list[dict]]:
 
 def _error(op: Operation, status: int) -> dict:
     # the middleware (Host, key, sizes) answers in OpenAI's shape on every route
-    schema = shapes.ERROR if op.errors == "openai" else {"anyOf": [shapes.OLLAMA_ERROR, shapes.ERROR]}
+    own = {"ollama": shapes.OLLAMA_ERROR, "anthropic": shapes.ANTHROPIC_ERROR}.get(op.errors)
+    schema = shapes.ERROR if own is None else {"anyOf": [own, shapes.ERROR]}
     return {"description": _STATUS_TEXT.get(status, "error"),
             "content": {"application/json": {"schema": schema}}}
 

@@ -118,3 +118,43 @@ OLLAMA_PULL = obj({"status": STR}, digest=STR, total=INT, completed=INT)
 def ndjson_line(line: dict) -> dict:
     """One line of an application/x-ndjson stream: the object, or an error as the last line."""
     return {"anyOf": [line, OLLAMA_ERROR]}
+
+
+# -- Anthropic -------------------------------------------------------------------------------------
+
+ANTHROPIC_ERROR = obj({"type": const("error"), "error": obj({"type": STR, "message": STR})})
+_A_BLOCK = {"anyOf": [obj({"type": const("text"), "text": STR}),
+                      obj({"type": const("thinking"), "thinking": STR, "signature": STR}),
+                      obj({"type": const("tool_use"), "id": STR, "name": STR, "input": {"type": "object"}})]}
+_A_STOP = {"stop_reason": nullable({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use",
+                                             "pause_turn"]}),
+           "stop_sequence": nullable(STR)}
+ANTHROPIC_MESSAGE = obj({"id": STR, "type": const("message"), "role": const("assistant"), "model": STR,
+                         "content": array(_A_BLOCK), **_A_STOP,
+                         "usage": obj({"input_tokens": INT, "output_tokens": INT})})
+_A_DELTA = {"anyOf": [obj({"type": const("text_delta"), "text": STR}),
+                      obj({"type": const("thinking_delta"), "thinking": STR}),
+                      obj({"type": const("input_json_delta"), "partial_json": STR})]}
+ANTHROPIC_EVENT = {"anyOf": [  # each event's `data`; its `event:` line repeats the type
+    obj({"type": const("message_start"), "message": ANTHROPIC_MESSAGE}),
+    obj({"type": const("ping")}),
+    obj({"type": const("content_block_start"), "index": INT, "content_block": _A_BLOCK}),
+    obj({"type": const("content_block_delta"), "index": INT, "delta": _A_DELTA}),
+    obj({"type": const("content_block_stop"), "index": INT}),
+    obj({"type": const("message_delta"), "delta": obj(_A_STOP), "usage": obj({"output_tokens": INT})}),
+    obj({"type": const("message_stop")}),
+    ANTHROPIC_ERROR]}
+ANTHROPIC_TOKEN_COUNT = obj({"input_tokens": INT})
+
+
+# -- Responses API (/v1/responses) -----------------------------------------------------------------
+
+RESPONSE = obj({"id": STR, "object": const("response"), "created_at": INT,
+                "status": {"enum": ["completed", "incomplete", "failed", "in_progress"]},
+                "error": nullable(obj({"code": STR, "message": STR})), "model": STR,
+                "output": array({"type": "object"}), "usage": nullable({"type": "object"})},
+               incomplete_details=nullable({"type": "object"}), completed_at=INT)
+RESPONSE_EVENT = {"anyOf": [obj({"type": STR, "sequence_number": INT}, response=RESPONSE),
+                            obj({"type": const("error"), "message": STR}, code=nullable(STR),
+                                param=nullable(STR))]}
+RESPONSE_DELETED = obj({"id": STR, "object": const("response"), "deleted": const(True)})

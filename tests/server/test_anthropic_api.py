@@ -243,6 +243,7 @@ MALFORMED = [
     ("content a number", MSG, _b(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     ("block without type", MSG, _b(messages=_user({"text": "x"})), "messages[0].content[0].type"),
     ("unknown block type", MSG, _b(messages=_user({"type": "video"})), "messages[0].content[0].type"),
+    ("block type an array", MSG, _b(messages=_user({"type": ["text"]})), "messages[0].content[0].type"),
     ("image block", MSG, _b(messages=_user({"type": "image", "source": {}})), "messages[0].content[0].type"),
     ("text block without text", MSG, _b(messages=_user({"type": "text"})), "messages[0].content[0].text"),
     ("tool_result without id", MSG, _b(messages=_user({"type": "tool_result", "content": "x"})),
