@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edged.server import openapi_shapes as shapes
-from edged.server.spec import OPERATION_ATTR, Operation, operation
+from edged.server.spec import Operation, operation, operations_of
 
 _STATUS_TEXT = {400: "invalid request (the message and param name the field)", 401: "missing or wrong API key",
                 404: "unknown model or item", 413: "request body too large", 431: "request headers too large",
@@ -86,12 +86,15 @@ def build_document(routes, version: str) -> dict:
     for route in routes:
         if not isinstance(route, Route):
             raise MissingOperation(f"{route!r} is not a plain Route; the document cannot describe it")
-        op = getattr(route.endpoint, OPERATION_ATTR, None)
-        if op is None:
+        ops = operations_of(route.endpoint)
+        if ops is None:
             raise MissingOperation(f"route {route.path} has no Operation: decorate its endpoint with "
                                    "edged.server.spec.operation (docs/SERVER.md, OpenAPI)")
         path, params = _path_and_parameters(route)
         for method in sorted(route.methods - {"HEAD"}):
+            op = ops.get(method, ops.get("*"))
+            if op is None:
+                continue
             op_id = method.lower() + path.replace("/", "_").replace("{", "").replace("}", "").replace(".", "_")
             paths.setdefault(path, {})[method.lower()] = _operation(op, op_id, params, components)
     return {

@@ -17,13 +17,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edged.server import chat_tools
+from edged.server import openapi_shapes as shapes
 from edged.server.errors import APIError, bad_request, to_api_error
 from edged.server.generation import Generation, until_disconnect
 from edged.server.responses import SSEResponse
 from edged.server.responses_api_output import OutputBuilder, new_id, response_object, usage
-from edged.server.responses_api_schemas import ResponsesRequest, parse_responses, renamed
+from edged.server.responses_api_schemas import RESPONSES, ResponsesRequest, parse_responses, renamed
 from edged.server.responses_api_store import ResponseStore, response_store
 from edged.server.route_common import _error_finish, _prepare, _submit
+from edged.server.spec import Operation, operation
 
 _STATUS = {"stop": "completed", "length": "incomplete"}  # engine finish -> Response status
 _FINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
@@ -55,6 +57,9 @@ class _Turn:
         return final
 
 
+@operation(Operation("A response (the Responses API)", body=RESPONSES, response=shapes.RESPONSE,
+                     stream_media="text/event-stream", stream_item=shapes.RESPONSE_EVENT,
+                     statuses=(404, 500, 503)))
 async def create_response(request: Request) -> Response:
     store = response_store(request.app)
     slot, req, model = await _prepare(request, functools.partial(parse_responses, store=store))
@@ -136,6 +141,9 @@ def _stored(request: Request, store: ResponseStore) -> str:
     return rid
 
 
+@operation(get=Operation("A stored response", response=shapes.RESPONSE, statuses=(404,)),
+           delete=Operation("Forget a stored response", response=shapes.RESPONSE_DELETED,
+                            statuses=(404,)))
 async def stored_response(request: Request) -> Response:
     """GET returns a stored response, DELETE forgets it."""
     store = response_store(request.app)

@@ -16,7 +16,9 @@ from typing import Any
 from edged.server import schemas
 from edged.server.errors import APIError, bad_request
 from edged.server.responses_api_store import ResponseStore, StoredResponse
-from edged.server.schemas import ChatRequest, _bool, _int, _opt, _MISSING, _str, _type_name
+from edged.server.schemas import ChatRequest, _bool, _int, _opt, _MISSING, _str
+from edged.server.spec import (AnyOf, Anything, Array, Body, Boolean, Field, Integer, Number, Object,
+                               String, Unsupported, fields)
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
@@ -28,6 +30,69 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = ("auto", "concise", "detailed")
 VERBOSITIES = ("low", "medium", "high")
 MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
+
+
+# -- the body's declaration (read first by parse_responses; /openapi.json publishes it) ---------
+# Members whose rules need more than their shape (input items, metadata) are declared by shape and
+# checked further below, so their errors keep naming the member at fault.
+
+_SCHEMA = Anything(("object", "boolean", "string"), description="a JSON schema")
+_TOOL = Object(fields=(
+    Field("type", String(enum=("function",), why="only function tools (hosted tools such as "
+                         "web_search need OpenAI's servers)"), required=True),
+    Field("name", String(pattern=r"[A-Za-z0-9_.\-]{1,64}", why="1-64 of a-z, A-Z, 0-9, '_', '-', '.'"),
+          required=True),
+    Field("description", String()),
+    Field("parameters", Anything(("object",)), description="a JSON Schema of an object"),
+    Field("strict", Boolean())))
+_TOOL_CHOICE = AnyOf((
+    String(enum=("auto", "none", "required")),
+    Object(fields=(Field("type", String(enum=("function", "allowed_tools")), required=True),
+                   Field("name", String(), description="type function: the function"),
+                   Field("mode", String(enum=("auto", "required")), description="type allowed_tools"),
+                   Field("tools", Array(Anything(("object",))), description="type allowed_tools: "
+                         "[{\"type\": \"function\", \"name\": ...}]")))),
+    what="'auto', 'none', 'required' or an object")
+_TEXT = Object(fields=(
+    Field("format", Object(fields=(
+        Field("type", String(enum=("text", "json_object", "json_schema")), required=True),
+        Field("name", String(min_len=1), description="json_schema: required"),
+        Field("schema", _SCHEMA, description="json_schema: required"),
+        Field("strict", Boolean())))),
+    Field("verbosity", String(enum=VERBOSITIES))))
+_REASONING = Object(fields=(Field("effort", String(enum=EFFORTS), description="no effect"),
+                            Field("summary", String(enum=SUMMARIES)),
+                            Field("generate_summary", String(enum=SUMMARIES))))
+RESPONSES = Body("ResponsesRequest", fields(
+    schemas.MODEL,
+    Field("input", AnyOf((String(), Array(Anything(), min_items=1, description="input item objects")),
+                         what="a string or an array of input items"), required=True,
+          description="a string, or items: message, function_call, function_call_output, reasoning"),
+    Field("instructions", String()),
+    Field("previous_response_id", String(), description="continue a stored response's conversation"),
+    Field("stream", Boolean(), default=False, description="the API's typed server-sent events"),
+    Field("stream_options", Object(fields=(Field("include_obfuscation", Boolean()),)),
+          description="only with stream: true"),
+    Field("store", Boolean(), default=True),
+    Field("max_output_tokens", Integer(lo=1)),
+    Field("temperature", Number(0.0, 2.0)),
+    Field("top_p", Number(0.0, 1.0, lo_open=True)),
+    Field("user", String()),
+    Field("metadata", Anything(("object",)), description=f"at most {MAX_METADATA_KEYS} string values"),
+    Field("tools", Array(_TOOL)),
+    Field("tool_choice", _TOOL_CHOICE),
+    Field("parallel_tool_calls", Boolean()),
+    Field("text", _TEXT),
+    Field("reasoning", _REASONING),
+    Field("truncation", String(enum=("disabled", "auto")), description="only disabled"),
+    Field("top_logprobs", Integer(0, schemas.MAX_TOP_LOGPROBS), description="only 0"),
+    Field("include", Array(Anything()), description="only empty"),
+    Field("background", Boolean(), description="only false"),
+    Field("conversation", Unsupported(why="use previous_response_id")),
+    Field("prompt", Unsupported(why="prompt templates live on OpenAI's servers")),
+    Field("max_tool_calls", Unsupported(why="the model's calls are not capped")),
+    *(f for f in schemas.GENERATION.fields if f.name in EXTENSIONS),
+))
 
 
 @dataclass
@@ -350,8 +415,7 @@ def renamed(e: APIError) -> APIError:
 def parse_responses(body: Any, vocab_size: int, store: ResponseStore) -> ResponsesRequest:
     """Validate a /v1/responses body; previous_response_id is looked up in `store` (404 when it
     is not there)."""
-    if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
+    RESPONSES.read(body, vocab_size=vocab_size)
     _refuse_unsupported(body)
     if body.get("input") is None:
         raise bad_request("'input' is required (a string or an array of input items)", "input")

@@ -302,6 +302,8 @@ def _nullable(s: dict) -> dict:
         return {**s, "type": [*t, "null"]}
     if "anyOf" in s:
         return {**s, "anyOf": [*s["anyOf"], {"type": "null"}]}
+    if s.keys() - {"description"}:  # oneOf, a $ref ...: either it or null
+        return {"anyOf": [s, {"type": "null"}]}
     return s  # no type: any JSON value, null included
 
 
@@ -506,10 +508,21 @@ class Operation:
 OPERATION_ATTR = "__edged_operation__"
 
 
-def operation(op: Operation):
-    """Attach `op` to a route's endpoint (functools.wraps keeps it on wrappers); the OpenAPI
-    builder reads it from every route of the app."""
+def operation(op: Operation | None = None, **by_method: Operation):
+    """Attach what the document says about an endpoint (functools.wraps keeps it on wrappers):
+    `op` for each of its route's methods, or one per method (get=..., delete=...); a method
+    with neither is deliberately left out (a catch-all answering 404/405). The OpenAPI builder
+    reads it from every route of the app and refuses a route without it."""
+    ops = {k.upper(): v for k, v in by_method.items()}
+    if op is not None:
+        ops["*"] = op
+
     def mark(fn):
-        setattr(fn, OPERATION_ATTR, op)
+        setattr(fn, OPERATION_ATTR, ops)
         return fn
     return mark
+
+
+def operations_of(endpoint) -> dict[str, Operation] | None:
+    """The endpoint's Operations by method ("*": every method), None when it has none."""
+    return getattr(endpoint, OPERATION_ATTR, None)
