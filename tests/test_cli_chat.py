@@ -157,7 +157,8 @@ def test_sigint_stops_the_reply_not_the_chat(tiny):
         proc.stdin.write(b"Write for a long time.\n")
         proc.stdin.flush()
         head = _read_until(proc, b"kernels ready in", 300)
-        head += os.read(proc.stdout.fileno(), 65536)  # the reply has started
+        while not head.partition(b"kernels ready in")[2].partition(b"\n")[2]:  # the reply has started
+            head += os.read(proc.stdout.fileno(), 65536)
         proc.send_signal(signal.SIGINT)
         head += _read_until(proc, b"(reply stopped)", 60)
         proc.stdin.write(b"And now?\n/bye\n")

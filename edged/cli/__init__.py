@@ -7,6 +7,7 @@ import click
 # command name -> module under edged.cli defining a click command called `command`
 _COMMANDS = {
     "bench": "bench",
+    "bundle": "bundle",
     "chat": "chat",
     "info": "info",
     "list": "models_list",
