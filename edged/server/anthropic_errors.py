@@ -4,13 +4,11 @@ response before a stream starts and as an ``event: error`` once one has."""
 
 from __future__ import annotations
 
-import functools
 import json
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 
-from edged.server.errors import to_api_error
+from edged.server.errors import errors_as, to_api_error
 
 PATH_PREFIX = "/v1/messages"
 
@@ -64,12 +62,5 @@ def error_event(exc: BaseException) -> bytes:
     return sse_event("error", error_body(e.status, _message(e)))
 
 
-def anthropic_errors(handler):
-    """A route whose errors before the response starts are Anthropic's shape."""
-    @functools.wraps(handler)
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as e:
-            return error_response(e)
-    return wrapped
+# a route whose errors before the response starts are Anthropic's shape
+anthropic_errors = errors_as(error_response)

@@ -17,10 +17,8 @@ from edged.server import openapi_shapes as shapes
 from edged.server.anthropic_errors import anthropic_errors
 from edged.server.anthropic_output import blocks_of, message, stop_reason
 from edged.server.anthropic_stream import message_events
-from edged.server.errors import APIError
-from edged.server.generation import until_disconnect
 from edged.server.responses import SSEResponse
-from edged.server.route_common import _error_finish, _prepare, _submit
+from edged.server.route_common import _collected, _prepare, _submit
 from edged.server.spec import Operation, operation
 
 
@@ -66,12 +64,8 @@ async def messages(request: Request) -> Response:
         return SSEResponse(message_events(gen, parser, msg_id, model, len(ids), req.stop_sequences,
                                           slot.tokenizer), gen.close)
     try:
-        ok, _ = await until_disconnect(gen.collect(), request.receive)
-        if not ok:
+        if not await _collected(request, gen):
             return Response(status_code=499)
-        err = _error_finish(gen)
-        if err is not None:
-            raise APIError(500, f"generation failed: {err}", code="engine_error")
         c = gen.choices[0]
         content = blocks_of(parser, "".join(d.text for d in c.deltas))
         out_ids = [d.token_id for d in c.deltas if d.token_id is not None]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import json
 import logging
 
@@ -82,3 +84,17 @@ def sse_error_event(exc: BaseException) -> bytes:
     """An error delivered inside an already-started SSE stream (the status line is gone)."""
     e = to_api_error(exc)
     return b"data: " + json.dumps(error_body(e.status, e.message, e.param, e.code)).encode() + b"\n\n"
+
+
+def errors_as(to_response):
+    """Route decorator: an exception raised before the response starts is answered by
+    to_response(exc) (an API's own error shape: Ollama's, Anthropic's)."""
+    def decorate(handler):
+        @functools.wraps(handler)
+        async def wrapped(request):
+            try:
+                return await handler(request)
+            except Exception as e:
+                return to_response(e)
+        return wrapped
+    return decorate

@@ -15,12 +15,12 @@ from starlette.responses import JSONResponse, Response
 from edged.server import chat_tools, ollama_models, ollama_schemas, schemas
 from edged.server import openapi_shapes as shapes
 from edged.server.errors import APIError, bad_request
-from edged.server.generation import Generation, until_disconnect
+from edged.server.generation import Generation
 from edged.server.ollama_responses import (NDJSONResponse, done_reason, error_object, line,
                                            logprob_entries, stats, timestamp, tool_calls)
 from edged.server.responses import TokenText
 from edged.server.spec import Operation, operation
-from edged.server.route_common import (_error_finish, _json_body, _prepare, _submit, model_slot,
+from edged.server.route_common import (_collected, _json_body, _prepare, _submit, model_slot,
                                        set_keep_alive)
 
 
@@ -45,17 +45,6 @@ def _options(plan, req):
     if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
         return functools.partial(chat_tools.constraint_options, plan, response=req.constraint)
     return None
-
-
-async def _collect(request: Request, gen: Generation):
-    """Wait for the generation; None when the client left first; 500 on an engine error."""
-    ok, _ = await until_disconnect(gen.collect(), request.receive)
-    if not ok:
-        return None
-    err = _error_finish(gen)
-    if err is not None:
-        raise APIError(500, f"generation failed: {err}", code="engine_error")
-    return gen.choices[0]
 
 
 async def _load_or_unload(request: Request, body: dict, empty_message: dict | None) -> Response:
@@ -105,9 +94,9 @@ async def api_chat(request: Request) -> Response:
         return NDJSONResponse(_chat_lines(gen, req, plan, model, tt, started, load_s, len(ids)),
                               gen.close)
     try:
-        c = await _collect(request, gen)
-        if c is None:
+        if not await _collected(request, gen):
             return Response(status_code=499)
+        c = gen.choices[0]
         text = "".join(d.text for d in c.deltas)
         message = {"role": "assistant", "content": text}
         if plan.parses:
@@ -216,9 +205,9 @@ async def api_generate(request: Request) -> Response:
         return NDJSONResponse(_generate_lines(gen, req, plan if parses else None, model, tt,
                                               started, load_s, ids), gen.close)
     try:
-        c = await _collect(request, gen)
-        if c is None:
+        if not await _collected(request, gen):
             return Response(status_code=499)
+        c = gen.choices[0]
         text = "".join(d.text for d in c.deltas)
         out = {"model": model, "created_at": timestamp(), "response": text}
         if parses:

@@ -3,8 +3,6 @@ facts in ollama_models, pulls in ollama_pull. Every error is Ollama's {"error": 
 
 from __future__ import annotations
 
-import functools
-
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -13,6 +11,7 @@ from starlette.routing import Route
 from edged.server import ollama_models, ollama_schemas
 from edged.server.ollama_generation import api_chat, api_generate
 from edged.server.ollama_pull import api_pull
+from edged.server.errors import errors_as
 from edged.server.ollama_responses import error_response
 from edged.server import openapi_shapes as shapes
 from edged.server.route_common import _json_body
@@ -23,15 +22,8 @@ from edged.server.spec import Operation, operation
 OLLAMA_VERSION = "0.12.0"
 
 
-def _ollama_errors(handler):
-    """Errors before the response starts as Ollama's {"error": ...} with their status."""
-    @functools.wraps(handler)
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as e:
-            return error_response(e)
-    return wrapped
+# errors before the response starts as Ollama's {"error": ...} with their status
+_ollama_errors = errors_as(error_response)
 
 
 @operation(Operation("Ollama: the servable models", response=shapes.OLLAMA_TAGS, errors="ollama",

@@ -19,12 +19,12 @@ from starlette.routing import Route
 from edged.server import chat_tools
 from edged.server import openapi_shapes as shapes
 from edged.server.errors import APIError, bad_request, to_api_error
-from edged.server.generation import Generation, until_disconnect
+from edged.server.generation import Generation
 from edged.server.responses import SSEResponse
 from edged.server.responses_api_output import OutputBuilder, new_id, response_object, usage
 from edged.server.responses_api_schemas import RESPONSES, ResponsesRequest, parse_responses, renamed
 from edged.server.responses_api_store import ResponseStore, response_store
-from edged.server.route_common import _error_finish, _prepare, _submit
+from edged.server.route_common import _collected, _prepare, _submit
 from edged.server.spec import Operation, operation
 
 _STATUS = {"stop": "completed", "length": "incomplete"}  # engine finish -> Response status
@@ -85,12 +85,8 @@ async def create_response(request: Request) -> Response:
     if chat.stream:
         return SSEResponse(_events(gen, turn, builder), gen.close)
     try:
-        ok, _ = await until_disconnect(gen.collect(), request.receive)
-        if not ok:
+        if not await _collected(request, gen):
             return Response(status_code=499)
-        err = _error_finish(gen)
-        if err is not None:
-            raise APIError(500, f"generation failed: {err}", code="engine_error")
         c = gen.choices[0]
         for d in c.deltas:
             builder.feed(d.text, 1 if d.token_id is not None else 0)

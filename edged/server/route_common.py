@@ -72,6 +72,17 @@ def _error_finish(gen: Generation):
     return None
 
 
+async def _collected(request: Request, gen: Generation) -> bool:
+    """Wait until every choice finished: False when the client left first, 500 on an engine error."""
+    ok, _ = await until_disconnect(gen.collect(), request.receive)
+    if not ok:
+        return False
+    err = _error_finish(gen)
+    if err is not None:
+        raise APIError(500, f"generation failed: {err}", code="engine_error")
+    return True
+
+
 async def _constraints(slot: ModelSlot, constraint, count: int, options=None) -> list | None:
     """One RequestConstraint per choice, or None. The grammar compiles (and the model's llguidance
     tokenizer is built, the first time) off the event loop; a bad grammar is a 400 naming its field.
@@ -111,12 +122,8 @@ async def _respond(request: Request, gen: Generation, events, head: dict, choice
     if events is not None:
         return SSEResponse(events, gen.close)
     try:
-        ok, _ = await until_disconnect(gen.collect(), request.receive)
-        if not ok:
+        if not await _collected(request, gen):
             return Response(status_code=499)
-        err = _error_finish(gen)
-        if err is not None:
-            raise APIError(500, f"generation failed: {err}", code="engine_error")
         choices = choices_of()  # first: it may add to head (chat's prompt_logprobs)
         return JSONResponse({**head, "choices": choices,
                              "usage": usage(n_prompt, gen.usage_completion_tokens)})
