@@ -28,6 +28,8 @@ import numpy as np
 from edged.backends.cpu.sampling import draw_softmax, softmax_denominator, warm_up
 from edged.sampling_params import MAX_LOGPROBS, SamplingParams
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 __all__ = ["SamplingParams", "TokenLogprobs", "Sampler", "sample", "make_rng", "MAX_LOGPROBS"]
 
 _TOP_P_FIRST_BLOCK = 256  # top-p over a full row first tries the best 256 tokens, then 8× more
@@ -68,7 +70,10 @@ def _adjusted_row(row: np.ndarray, p: SamplingParams, history: Any, vocab: int) 
             raise ValueError(f"history token ids must be in [0, {vocab})")
         vals = row[ids]
         if p.repetition_penalty != 1.0:
-            vals = np.where(vals <= 0, vals * p.repetition_penalty, vals / p.repetition_penalty)
+            # a penalty near 0 (5e-324 passes its (0, 10] check) must not leave a logit at inf
+            with np.errstate(over="ignore", divide="ignore"):
+                vals = np.where(vals <= 0, vals * p.repetition_penalty, vals / p.repetition_penalty)
+            np.clip(vals, -_F32_MAX, _F32_MAX, out=vals)
         vals = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
         row[ids] = vals
     return row
@@ -167,8 +172,9 @@ def _sample_row(row: np.ndarray, p: SamplingParams, rng: np.random.Generator) ->
             vals = row[ids]
         else:
             ids, vals = ids[keep], vals[keep]
-    # Temperature scales only what survived the filters.
-    inv_t = np.float32(1.0 / p.temperature)
+    # Temperature scales only what survived the filters. A temperature whose inverse overflows
+    # float32 (1e-40) is greedy among them: the largest finite scale, never 0 * inf = NaN.
+    inv_t = np.float32(min(1.0 / p.temperature, _F32_MAX))
     if ids is None:  # the whole row: one fused pass, no [V] temporaries
         return int(draw_softmax(row, np.float32(mx), inv_t, rng.random()))
     w = np.exp((vals - np.float32(mx)) * inv_t)

@@ -317,3 +317,21 @@ def test_plain_greedy_rows_among_other_rows():
         sample(bad, ps, None, [None, make_rng(ps[1]), None, None, None])
     with pytest.raises(ValueError, match="NaN"):
         sample(bad[[0, 2]], [ps[0], ps[2]])
+
+
+@pytest.mark.parametrize("t", [1e-40, 5e-324])
+def test_a_temperature_whose_inverse_overflows_is_greedy(t):
+    # found by schemathesis: 1 / t overflowed float32 and 0 * inf drew token -1
+    logits = np.random.default_rng(6).standard_normal((1, 3000)).astype(np.float32)
+    p = SamplingParams(temperature=t, seed=1)
+    toks, _ = sample(logits, [p], None, [make_rng(p)])
+    assert toks[0] == logits[0].argmax()
+
+
+def test_a_tiny_repetition_penalty_keeps_logits_finite():
+    # found by schemathesis: a positive logit / 5e-324 was +inf, so the request failed as NaN
+    p = SamplingParams(repetition_penalty=5e-324, seed=2)
+    row = _adjusted_row(LOGITS.copy(), p, [int(LOGITS.argmax()), 3], LOGITS.shape[0])
+    assert np.isfinite(row).all()
+    toks, _ = sample(LOGITS[None], [p], [[int(LOGITS.argmax()), 3]], [make_rng(p)])
+    assert 0 <= toks[0] < LOGITS.shape[0]
