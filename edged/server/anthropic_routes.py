@@ -54,6 +54,10 @@ async def messages(request: Request) -> Response:
     slot, req, model = await _prepare(request, anthropic_schemas.parse_messages)
     plan = _plan(slot, req)
     ids = await _prompt_ids(slot, plan, req)
+    if len(ids) < slot.max_len:
+        # clients send a max_tokens sized for Anthropic's models (Claude Code: 32000); a local context
+        # is smaller: answer up to its end (stop_reason max_tokens) rather than a 400
+        req.max_tokens = min(req.max_tokens, slot.max_len - len(ids))
     options = None
     if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
         options = functools.partial(chat_tools.constraint_options, plan, response=req.constraint)

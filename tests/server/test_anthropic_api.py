@@ -233,7 +233,6 @@ MALFORMED = [
     ("max_tokens missing", MSG, {"messages": HI}, "max_tokens"),
     ("max_tokens zero", MSG, _b(max_tokens=0), "max_tokens"),
     ("max_tokens a string", MSG, _b(max_tokens="4"), "max_tokens"),
-    ("max_tokens beyond the context", MSG, _b(max_tokens=10**6), "max_tokens"),
     ("messages missing", MSG, {"max_tokens": 4}, "messages"),
     ("messages empty", MSG, _b(messages=[]), "messages"),
     ("messages a string", MSG, _b(messages="hi"), "messages"),
@@ -358,6 +357,15 @@ def test_whole_message_equals_chat_completions(client):
     count = client.post(COUNT, json={"model": "tiny", "messages": HI, "system": "Be brief."}).json()
     assert m["usage"] == {"input_tokens": chat["usage"]["prompt_tokens"], "output_tokens": 12}
     assert count == {"input_tokens": chat["usage"]["prompt_tokens"]}
+
+
+def test_max_tokens_beyond_the_context_answers_to_its_end(client):
+    max_len = client.get("/v1/models").json()["data"][0]["max_model_len"]
+    r = client.post(MSG, json=_b(max_tokens=10**6, temperature=0))
+    assert r.status_code == 200, r.text
+    m = r.json()
+    assert m["stop_reason"] == "max_tokens"
+    assert m["usage"]["input_tokens"] + m["usage"]["output_tokens"] == max_len
 
 
 def test_stream_event_order_and_text(client):
