@@ -104,8 +104,9 @@ def start_edged(model: str, max_seqs: int, ctx_per_seq: int, logdir: Path) -> Se
     return Server(f"edged --max-seqs {max_seqs}", cmd, port, logdir / f"edged_s{max_seqs}.log")
 
 
-def _embed_level(url: str, texts: list[str]) -> float:
-    """Seconds for len(texts) concurrent POST /v1/embeddings of one input each (all must answer)."""
+def _embed_level(url: str, texts: list) -> float:
+    """Seconds for len(texts) concurrent POST /v1/embeddings of one input each (a string or token
+    ids; all must answer)."""
     import asyncio
 
     import httpx
@@ -113,7 +114,7 @@ def _embed_level(url: str, texts: list[str]) -> float:
     async def run() -> float:
         async with httpx.AsyncClient(timeout=600) as client:
             async def one(text):
-                r = await client.post(url + "/v1/embeddings", json={"input": text, "model": "m"})
+                r = await client.post(url + "/v1/embeddings", json={"input": text})  # each server its one model
                 if r.status_code != 200 or len(r.json()["data"][0]["embedding"]) == 0:
                     raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:200]}")
             t0 = time.perf_counter()
@@ -123,13 +124,14 @@ def _embed_level(url: str, texts: list[str]) -> float:
     return asyncio.run(run())
 
 
-def bench_embeddings(servers: list[Server], conc: int, repeat: int, prompt_tokens: int) -> dict:
-    """Inputs/s for `conc` concurrent inputs of about prompt_tokens words, alternating servers."""
-    from edged.bench.serve import make_prompts
+def bench_embeddings(servers: list[Server], conc: int, repeat: int, prompt_tokens: int, vocab: int) -> dict:
+    """Inputs/s for `conc` concurrent inputs of exactly prompt_tokens random token ids (fresh each
+    run, the same for both servers), alternating servers."""
+    from edged.bench.engine import _prompt
 
     figs = {s.name: [] for s in servers}
     for r in range(repeat):
-        texts = make_prompts(conc, prompt_tokens, 0, 4000 + 17 * r + conc)  # fresh each run, same for both
+        texts = [_prompt(vocab, prompt_tokens, 4000 + 17 * r + i) for i in range(conc)]
         for s in servers if r % 2 == 0 else servers[::-1]:
             figs[s.name].append(conc / _embed_level(s.url, texts))
     return {n: {"inputs_per_s": statistics.median(v), "runs": v} for n, v in figs.items()}
@@ -212,8 +214,11 @@ def main(argv=None) -> int:
         for k in ("prefill_tok_s", "decode_tok_s"):
             print(f"{k:24}{e[k]['median']:>12.1f}{l[k]['median']:>12.1f}{e[k]['median'] / l[k]['median']:>8.2f}")
     elif a.mode == "embeddings":
+        from edged.quant import load_gguf
+
         levels = [int(x) for x in a.levels.split(",")]
-        ctx = 2 * a.prompt_tokens + 64  # words: a word may take more than one token
+        ctx = a.prompt_tokens + 16
+        vocab = int(load_gguf(model).tensors["token_embd.weight"].shape[0])
         results["levels"] = {}
         print(f"{'inputs':>6} {'edged inputs/s':>15} {'llama inputs/s':>15} {'ratio':>6}")
         for c in levels:
@@ -224,7 +229,7 @@ def main(argv=None) -> int:
                     s.wait_ready()
                 for s in servers:
                     _embed_level(s.url, ["warm up"])
-                r = bench_embeddings(servers, c, a.repeat, a.prompt_tokens)
+                r = bench_embeddings(servers, c, a.repeat, a.prompt_tokens, vocab)
             finally:
                 for s in servers:
                     s.stop()
