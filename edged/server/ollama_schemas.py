@@ -13,9 +13,9 @@ from typing import Any
 
 from edged.server import ollama_options, schemas
 from edged.server.errors import APIError, bad_request
-from edged.server.schemas import CHAT_ROLES, MAX_TOP_LOGPROBS, ChatRequest, GenerationRequest, _type_name
+from edged.server.schemas import CHAT_ROLES, MAX_TOP_LOGPROBS, ChatRequest, GenerationRequest
 from edged.server.spec import (AnyOf, Array, Body, Boolean, Field, Integer, Object, String, TokenId,
-                               fields)
+                               fields, type_name)
 from edged.structured import Constraint, ConstraintError, schema_constraint
 from edged.structured.json_grammar import json_object_grammar
 
@@ -88,7 +88,7 @@ PULL = Body("OllamaPullRequest", fields(
 
 def check_object(body: Any) -> dict:
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
+        raise bad_request(f"the request body must be a JSON object, got {type_name(body)}")
     return body
 
 

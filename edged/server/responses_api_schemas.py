@@ -16,7 +16,7 @@ from typing import Any
 from edged.server import schemas
 from edged.server.errors import APIError, bad_request
 from edged.server.responses_api_store import ResponseStore, StoredResponse
-from edged.server.schemas import ChatRequest, _bool, _int, _opt, _MISSING, _str
+from edged.server.schemas import ChatRequest
 from edged.server.spec import (AnyOf, Anything, Array, Body, Boolean, Field, Integer, Number, Object,
                                String, Unsupported, fields)
 
@@ -323,10 +323,10 @@ def _text(v: Any) -> tuple[dict, dict | None]:
 # -- the rest ----------------------------------------------------------------------------------
 
 def _metadata(body: dict) -> dict:
-    v = _opt(body, "metadata")
-    if v is _MISSING:
+    v = body["metadata"]
+    if v is None:
         return {}
-    if not isinstance(v, dict) or len(v) > MAX_METADATA_KEYS:
+    if len(v) > MAX_METADATA_KEYS:
         raise bad_request(f"'metadata' must be an object of at most {MAX_METADATA_KEYS} string "
                           "values", "metadata")
     for k, val in v.items():
@@ -339,51 +339,27 @@ def _metadata(body: dict) -> dict:
 def _reasoning(body: dict) -> dict:
     """`reasoning` is validated and repeated; its effort has no effect (a model that thinks
     thinks as its template says)."""
-    v = _opt(body, "reasoning")
-    if v is _MISSING:
+    v = body["reasoning"]
+    if v is None:
         return {"effort": None, "summary": None}
-    if not isinstance(v, dict):
-        raise bad_request("'reasoning' must be an object", "reasoning")
-    effort, summary = v.get("effort"), v.get("summary", v.get("generate_summary"))
-    if effort is not None and effort not in EFFORTS:
-        raise bad_request(f"reasoning.effort must be one of {', '.join(EFFORTS)}", "reasoning.effort")
-    if summary is not None and summary not in SUMMARIES:
-        raise bad_request(f"reasoning.summary must be one of {', '.join(SUMMARIES)}",
-                          "reasoning.summary")
-    return {"effort": effort, "summary": summary}
+    return {"effort": v.get("effort"), "summary": v.get("summary", v.get("generate_summary"))}
 
 
 def _refuse_unsupported(body: dict) -> None:
-    if _bool(body, "background"):
+    if body["background"]:
         raise bad_request("'background' responses are not supported: send the request and wait, "
                           "or stream it", "background")
-    for name, why in (("conversation", "use previous_response_id"),
-                      ("prompt", "prompt templates live on OpenAI's servers"),
-                      ("max_tool_calls", "the model's calls are not capped")):
-        if _opt(body, name) is not _MISSING:
-            raise bad_request(f"'{name}' is not supported ({why})", name)
-    include = _opt(body, "include")
-    if include is not _MISSING:
-        if not isinstance(include, list):
-            raise bad_request("'include' must be an array", "include")
-        if include:
-            raise bad_request(f"include[0] {str(include[0])[:60]!r} is not supported (no extra "
-                              "output data is available)", "include[0]")
-    truncation = _opt(body, "truncation")
-    if truncation not in (_MISSING, "disabled"):
-        if truncation == "auto":
-            raise bad_request("'truncation' 'auto' is not supported: a conversation longer than the "
-                              "context is a 400", "truncation")
-        raise bad_request("'truncation' must be 'disabled' or 'auto'", "truncation")
-    if _int(body, "top_logprobs", lo=0, hi=schemas.MAX_TOP_LOGPROBS, default=0):
+    include = body["include"]
+    if include:
+        raise bad_request(f"include[0] {str(include[0])[:60]!r} is not supported (no extra "
+                          "output data is available)", "include[0]")
+    if body["truncation"] == "auto":
+        raise bad_request("'truncation' 'auto' is not supported: a conversation longer than the "
+                          "context is a 400", "truncation")
+    if body["top_logprobs"]:
         raise bad_request("'top_logprobs' is not supported on /v1/responses", "top_logprobs")
-    so = _opt(body, "stream_options")
-    if so is not _MISSING:
-        if not isinstance(so, dict):
-            raise bad_request("'stream_options' must be an object", "stream_options")
-        if not _bool(body, "stream"):
-            raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        _bool(so, "include_obfuscation")
+    if body["stream_options"] is not None and not body["stream"]:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
 
 
 _RENAMES = (("response_format.json_schema.", "text.format."), ("response_format.json_schema", "text.format"),
@@ -415,13 +391,11 @@ def renamed(e: APIError) -> APIError:
 def parse_responses(body: Any, vocab_size: int, store: ResponseStore) -> ResponsesRequest:
     """Validate a /v1/responses body; previous_response_id is looked up in `store` (404 when it
     is not there)."""
-    RESPONSES.read(body, vocab_size=vocab_size)
+    raw, body = body, RESPONSES.read(body, vocab_size=vocab_size)  # every declared member, checked
     _refuse_unsupported(body)
-    if body.get("input") is None:
-        raise bad_request("'input' is required (a string or an array of input items)", "input")
     items = parse_input(body["input"])
-    instructions = _str(body, "instructions")
-    prev_id = _str(body, "previous_response_id")
+    instructions = body["instructions"]
+    prev_id = body["previous_response_id"]
     previous = None
     if prev_id is not None:
         previous = store.get(prev_id)
@@ -439,7 +413,7 @@ def parse_responses(body: Any, vocab_size: int, store: ResponseStore) -> Respons
                  "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
                  "top_p": body.get("top_p"), "user": body.get("user"),
                  "parallel_tool_calls": body.get("parallel_tool_calls"),
-                 **{k: body[k] for k in EXTENSIONS if k in body}}
+                 **{k: raw[k] for k in EXTENSIONS if k in raw}}  # as sent: the chat parser reads them
     if chat_tools:
         chat_body.update(tools=chat_tools, tool_choice=tool_choice)
     elif tool_choice not in (None, "auto", "none"):
@@ -450,7 +424,7 @@ def parse_responses(body: Any, vocab_size: int, store: ResponseStore) -> Respons
         chat = schemas.parse_chat(chat_body, vocab_size)
     except APIError as e:
         raise renamed(e) from None
-    store_it = _bool(body, "store", default=True)
+    store_it = body["store"]
     echo = {"instructions": instructions, "max_output_tokens": chat.max_tokens,
             "metadata": _metadata(body), "parallel_tool_calls": chat.tool_request.parallel,
             "previous_response_id": prev_id, "reasoning": _reasoning(body), "store": store_it,

@@ -27,8 +27,6 @@ MAX_PROMPTS = 32  # prompts in one /v1/completions batch
 MAX_STOP_CHARS = 256
 MAX_EMBEDDING_INPUTS = 2048  # inputs per /v1/embeddings request (OpenAI's limit)
 
-_MISSING = object()
-
 
 @dataclass
 class GenerationRequest:
@@ -80,34 +78,6 @@ class TokenizeRequest:
 @dataclass
 class DetokenizeRequest:
     tokens: list[int]
-
-
-# -- typed field readers ---------------------------------------------------------------------------
-# Ad-hoc reads (the Ollama option mapping); a route's own fields are declared in its Body below.
-
-_type_name = type_name
-
-
-def _opt(body: dict, name: str):
-    """The field's value, or _MISSING when absent or null (OpenAI treats null as unset)."""
-    v = body.get(name, _MISSING)
-    return _MISSING if v is None else v
-
-
-def _bool(body: dict, name: str, default: bool = False) -> bool:
-    return Field(name, Boolean(), default=default).read(body, "", {})
-
-
-def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None, default=None):
-    return Field(name, Integer(lo, hi), default=default).read(body, "", {})
-
-
-def _str(body: dict, name: str, default=None):
-    return Field(name, String(), default=default).read(body, "", {})
-
-
-def _token_ids(v: Any, name: str, vocab_size: int) -> list[int]:
-    return Array(TokenId(), min_items=1).check(v, name, {VOCAB: vocab_size})
 
 
 # -- field definitions (validation and the OpenAPI document both come from these) ------------------
@@ -234,7 +204,7 @@ def requested_model(body: Any) -> str | None:
     """The body's `model` (None when absent), checked before the model is loaded to parse the
     rest against its vocabulary."""
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
+        raise bad_request(f"the request body must be a JSON object, got {type_name(body)}")
     return MODEL.read(body, "", {})
 
 
