@@ -120,19 +120,6 @@ def ndjson_line(line: dict) -> dict:
     return {"anyOf": [line, OLLAMA_ERROR]}
 
 
-# -- Responses API (/v1/responses) -----------------------------------------------------------------
-
-RESPONSE = obj({"id": STR, "object": const("response"), "created_at": INT,
-                "status": {"enum": ["completed", "incomplete", "failed", "in_progress"]},
-                "error": nullable(obj({"code": STR, "message": STR})), "model": STR,
-                "output": array({"type": "object"}), "usage": nullable({"type": "object"})},
-               incomplete_details=nullable({"type": "object"}), completed_at=INT)
-RESPONSE_EVENT = {"anyOf": [obj({"type": STR, "sequence_number": INT}, response=RESPONSE),
-                            obj({"type": const("error"), "message": STR}, code=nullable(STR),
-                                param=nullable(STR))]}
-RESPONSE_DELETED = obj({"id": STR, "object": const("response"), "deleted": const(True)})
-
-
 # -- Anthropic -------------------------------------------------------------------------------------
 
 ANTHROPIC_ERROR = obj({"type": const("error"), "error": obj({"type": STR, "message": STR})})
