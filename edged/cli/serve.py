@@ -50,6 +50,10 @@ def _opt(*decls, env: str, **kw):
       help="Requests queued beyond --max-seqs before answering 503.")
 @_opt("--drain-timeout", env="DRAIN_TIMEOUT", type=float, default=30.0, show_default=True,
       help="Seconds in-flight requests may finish after SIGTERM/SIGINT.")
+@_opt("--body-timeout", env="BODY_TIMEOUT", type=float, default=30.0, show_default=True,
+      help="Seconds a request body may take to arrive before a 408 and the connection closed.")
+@_opt("--stream-stall-timeout", env="STREAM_STALL_TIMEOUT", type=float, default=30.0, show_default=True,
+      help="Seconds a stream may wait on a client that stopped reading before it is aborted.")
 @_opt("--log-level", env="LOG_LEVEL", default="info", show_default=True,
       type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False))
 @_opt("--insecure", env="INSECURE", is_flag=True,
@@ -81,7 +85,7 @@ def _opt(*decls, env: str, **kw):
       help="/v1/embeddings pooling (overrides the file's <arch>.pooling_type; without either: mean).")
 def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block_size,
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
-            max_queue, drain_timeout, log_level, insecure, chat_template, reasoning_format,
+            max_queue, drain_timeout, body_timeout, stream_stall_timeout, log_level, insecure, chat_template, reasoning_format,
             max_body_bytes, backend, gpu_layers, keep_alive, load_timeout, max_loaded_models,
             max_memory, preload, pooling):
     """Serve MODEL (a .gguf path or a store name, loaded at start) over an OpenAI-compatible API.
@@ -108,7 +112,8 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block
             max_batch_tokens=max_batch_tokens, kv_memory=kv_memory, block_size=block_size,
             prefix_cache=not no_prefix_cache, model_alias=model_alias, api_keys=keys,
             cors_origins=_split(cors_origin), allowed_hosts=_split(allowed_host),
-            max_queue=max_queue, drain_timeout=drain_timeout, log_level=log_level.lower(),
+            max_queue=max_queue, drain_timeout=drain_timeout, body_timeout=body_timeout,
+            stream_stall_timeout=stream_stall_timeout, log_level=log_level.lower(),
             insecure=insecure, chat_template=chat_template, reasoning_format=reasoning_format,
             max_body_bytes=max_body_bytes,
             backend=backend, gpu_layers=gpu_layers, keep_alive=keep_alive_s,

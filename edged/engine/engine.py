@@ -319,6 +319,8 @@ class Engine:
                 self._step()
             except Exception as e:  # a failed step fails its requests, never the loop
                 log.exception("engine step failed")
+                self._in_flight = {}  # nothing of this step was stored; stats() must not count it
+                # the batch's requests fail and free their blocks; waiting ones run next step
                 for live in list(self._live.values()):
                     if live.req in self.scheduler.running:
                         self._finish(live, "error", error=f"{type(e).__name__}: {e}")

@@ -40,6 +40,10 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()
     max_queue: int = 64  # requests waiting beyond max_seqs before 503
     drain_timeout: float = 30.0
+    # faults (docs/SERVER.md "Faults"): a request body must arrive within body_timeout seconds (408),
+    # a stream whose client stops reading is aborted after stream_stall_timeout seconds
+    body_timeout: float = 30.0
+    stream_stall_timeout: float = 30.0
     log_level: str = "info"
     insecure: bool = False
     chat_template: str | None = None
@@ -70,6 +74,10 @@ class ServerConfig:
             raise ValueError("--max-queue must be >= 0")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must be >= 0")
+        if self.body_timeout <= 0:
+            raise ValueError("--body-timeout must be > 0")
+        if self.stream_stall_timeout <= 0:
+            raise ValueError("--stream-stall-timeout must be > 0")
         if self.load_timeout <= 0:
             raise ValueError("--load-timeout must be > 0")
         if self.max_loaded_models < 0:

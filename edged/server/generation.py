@@ -14,6 +14,17 @@ from edged.sampling import SamplingParams
 from edged.server.errors import bad_request
 from edged.server.model_slot import ModelSlot
 
+# deltas one choice may have queued for a client that does not read them: past this the request is
+# aborted (its KV freed) instead of the queue growing for as long as the socket stays blocked
+STREAM_BUFFER_PER_CHOICE = 512
+
+
+class StreamStalled(Exception):
+    """The client stopped reading: the stream buffer filled, or a send waited past
+    --stream-stall-timeout. The generation is aborted and the connection closed."""
+
+
+_STALLED = object()  # queued after the abort, so a waiting events() wakes up and raises
 
 @dataclass
 class Choice:
@@ -52,6 +63,8 @@ class Generation:
         self._queue: asyncio.Queue | None = None
         self._reserved = 0
         self._closed = False
+        self.stalled = False
+        self._bound = 0  # queued deltas allowed: STREAM_BUFFER_PER_CHOICE x choices
 
     def submit(self, prompts: list[list[int]], base: SamplingParams, n: int,
                max_tokens: int | None, default_max_tokens, top_logprobs: int | None,
@@ -72,6 +85,7 @@ class Generation:
         self._reserved = len(prompts) * n
         loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
+        self._bound = STREAM_BUFFER_PER_CHOICE * len(prompts) * n
         try:
             for p, ids in enumerate(prompts):
                 mt = max_tokens if max_tokens is not None else default_max_tokens(len(ids))
@@ -108,7 +122,17 @@ class Generation:
         if d.finish_reason is not None:
             self._finish(c, d.finish_reason)
             m.e2e.observe(now - self.arrival)
+        if self._queue.qsize() >= self._bound:
+            self._stall()
+            return
         self._queue.put_nowait((c, d))
+        m.stream_buffered.inc()
+
+    def _stall(self) -> None:
+        """The buffer is full: nobody reads; abort everything and wake events() to raise."""
+        self.stalled = True
+        self.close()
+        self._queue.put_nowait((None, _STALLED))
 
     def _finish(self, c: Choice, reason: str) -> None:
         if not c.finished:
@@ -124,6 +148,10 @@ class Generation:
         remaining = len(self.choices)
         while remaining:
             c, d = await self._queue.get()
+            if d is _STALLED:
+                raise StreamStalled(f"{STREAM_BUFFER_PER_CHOICE} deltas per choice were queued and "
+                                    "not read")
+            self.slot.metrics.stream_buffered.dec()
             if d.finish_reason is not None:
                 remaining -= 1
             yield c, d
@@ -141,9 +169,18 @@ class Generation:
                 self.slot.engine.abort(c.request_id)
                 self._finish(c, "abort")
         self._closed = True
+        self._drop_queued()
         if self._reserved > 0:  # reserved but never submitted (add_request raised)
             self.slot.release(self._reserved)
             self._reserved = 0
+
+    def _drop_queued(self) -> None:
+        """Forget the deltas nobody will read (the buffer gauge counts only live streams')."""
+        q, dropped = self._queue, 0
+        while q is not None and not q.empty():
+            dropped += q.get_nowait()[1] is not _STALLED
+        if dropped:
+            self.slot.metrics.stream_buffered.dec(dropped)
 
     @property
     def usage_completion_tokens(self) -> int:

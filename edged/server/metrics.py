@@ -3,8 +3,8 @@ histograms observed by the server as tokens stream out."""
 
 from __future__ import annotations
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 disable_created_metrics()  # no *_created series: they double the output and help no dashboard
@@ -108,6 +108,13 @@ class ServerMetrics:
         self.model_unloads = Counter("edged_model_unloads", "Model unloads by reason (expired: "
                                      "keep_alive ran out; evicted: room for another).",
                                      ["model", "reason"], registry=r)
+
+        # faults (docs/SERVER.md "Faults"): what clients that stop reading hold
+        self.stream_buffered = Gauge("edged_stream_buffered_deltas", "Generated deltas queued for "
+                                     "responses and not yet sent, all requests.", registry=r)
+        self.streams_stalled = Counter("edged_streams_stalled", "Streams aborted because the client "
+                                       "stopped reading (buffer full or --stream-stall-timeout).",
+                                       registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

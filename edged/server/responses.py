@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from edged.engine.stream import Delta
-from edged.server.generation import wait_disconnect
+from edged.server.generation import StreamStalled, wait_disconnect
+
+log = logging.getLogger("edged.server")
+DEFAULT_STALL_TIMEOUT = 30.0  # an app without edged's state (ServerConfig.stream_stall_timeout)
 
 # engine finish reasons OpenAI clients know; "abort" only reaches a client on a drain timeout
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
@@ -124,24 +128,35 @@ class SSEResponse:
 
     A watcher task reads `receive` concurrently: when the client disconnects, the sender is
     cancelled at once (even while a request is still queued and nothing is being sent), and
-    `on_close` runs in every case, aborting whatever is still generating.
+    `on_close` runs in every case, aborting whatever is still generating. A client that stops
+    reading (one send blocked past --stream-stall-timeout, or the generation's buffer full) has
+    its stream aborted and its connection closed: the response is left incomplete.
     """
 
     def __init__(self, events, on_close):
         self.events = events
         self.on_close = on_close
 
-    async def _send_all(self, send) -> None:
+    async def _send_all(self, send, stall_timeout: float) -> None:
+        async def timed(msg):
+            try:  # uvicorn's send waits while the socket's buffer is full
+                await asyncio.wait_for(send(msg), stall_timeout)
+            except asyncio.TimeoutError:
+                raise StreamStalled(f"a send waited over {stall_timeout:g} s "
+                                    "(--stream-stall-timeout)") from None
+
         async for chunk in self.events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await timed({"type": "http.response.body", "body": chunk, "more_body": True})
+        await timed({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
-            sender = asyncio.ensure_future(self._send_all(send))
+            state = getattr(getattr(scope.get("app"), "state", None), "edged", None)
+            stall = state.config.stream_stall_timeout if state is not None else DEFAULT_STALL_TIMEOUT
+            sender = asyncio.ensure_future(self._send_all(send, stall))
             watcher = asyncio.ensure_future(wait_disconnect(receive))
             done, pending = await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
             for t in pending:
@@ -153,7 +168,11 @@ class SSEResponse:
                     pass
             if sender in done and sender.exception() is not None:
                 exc = sender.exception()
-                if not isinstance(exc, OSError):  # a failed send is just a gone client
+                if isinstance(exc, StreamStalled):  # returning incomplete closes the connection
+                    log.warning("client stopped reading its stream: aborted (%s)", exc)
+                    if state is not None:
+                        state.metrics.streams_stalled.inc()
+                elif not isinstance(exc, OSError):  # a failed send is just a gone client
                     raise exc
         finally:
             aclose = getattr(self.events, "aclose", None)

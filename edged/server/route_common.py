@@ -14,7 +14,7 @@ from edged.server.lifecycle import ServerState
 from edged.server.model_slot import ModelSlot
 from edged.server.responses import SSEResponse, sse, usage
 from edged.server.schemas import requested_model
-from edged.server.security import BodyTooLarge
+from edged.server.security import BodyTimeout, BodyTooLarge
 
 
 async def _json_body(request: Request):
@@ -22,6 +22,8 @@ async def _json_body(request: Request):
         raw = await request.body()
     except BodyTooLarge as e:
         raise APIError(413, str(e), code="body_too_large") from None
+    except BodyTimeout as e:  # the rest of the body may still trickle in: close the connection
+        raise APIError(408, str(e), code="body_timeout", headers={"Connection": "close"}) from None
     if not raw:
         raise APIError(400, "request body is empty; send a JSON object", code="invalid_json")
     try:

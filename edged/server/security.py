@@ -3,8 +3,10 @@ limits, and the API key check. CORS is added by the app only when origins are co
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import time
 
 from edged.server.config import LOOPBACK_NAMES, ServerConfig
 from edged.server.anthropic_errors import error_body as anthropic_error_body, is_anthropic_path
@@ -68,11 +70,16 @@ class BodyTooLarge(Exception):
     """Raised from receive() when a body streams past the limit (mapped to 413)."""
 
 
+class BodyTimeout(Exception):
+    """Raised from receive() when the body has not fully arrived within --body-timeout (408)."""
+
+
 class SecurityMiddleware:
     """Rejects, before any route runs: a Host not on the allow-list (400; empty or missing too),
     headers over the size limit (431), a declared body over the limit (413), and a missing or
     wrong API key when keys are configured (401). A body that streams past the limit without a
-    Content-Length raises BodyTooLarge from receive(), which the app maps to 413."""
+    Content-Length raises BodyTooLarge from receive(), which the app maps to 413; one still
+    arriving --body-timeout seconds after the request began raises BodyTimeout (408)."""
 
     def __init__(self, app, config: ServerConfig):
         self.app = app
@@ -81,6 +88,7 @@ class SecurityMiddleware:
         self.keys = tuple(config.api_keys)
         self.max_body = config.max_body_bytes
         self.max_headers = config.max_header_bytes
+        self.body_timeout = config.body_timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -115,14 +123,23 @@ class SecurityMiddleware:
 
     def _limited(self, receive):
         seen = 0
+        deadline = time.monotonic() + self.body_timeout
+        body_done = False  # after the body, receive() only waits for the disconnect: no deadline
 
         async def wrapped():
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, body_done
+            if body_done:
+                return await receive()
+            try:  # a client trickling its body (one byte a second) must not hold the request
+                msg = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                raise BodyTimeout(f"the request body did not arrive within {self.body_timeout:g} s "
+                                  "(--body-timeout)") from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_body:
                     raise BodyTooLarge(f"request body over {self.max_body} bytes")
+                body_done = not msg.get("more_body", False)
             return msg
 
         return wrapped
