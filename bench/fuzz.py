@@ -74,22 +74,23 @@ class Runner:
             else:
                 cls = f"{route} {t.request_body(route, data)}"
         except Hang:
-            cls = "hang"
+            cls, tb = "hang", traceback.format_exc()
         except t.NonFiniteLoad:
-            cls = "nonfinite"
+            cls, tb = "nonfinite", traceback.format_exc()
         except t.ServerFault:
-            cls = "server_fault"
+            cls, tb = "server_fault", traceback.format_exc()
         except t.LOAD_ERRORS as e:
             cls = f"typed {type(e).__name__}" if route is None else "untyped"
+            tb = traceback.format_exc()
         except Exception:
-            cls = "untyped"
+            cls, tb = "untyped", traceback.format_exc()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             self.current = None
         self.n += 1
         self.counts[cls] += 1
         if cls in BAD:
-            self._save(cls, data, f"route: {route}\n" + traceback.format_exc())
+            self._save(cls, data, f"route: {route}\n{tb}")
         return cls
 
     def _save(self, cls: str, data: bytes, text: str):

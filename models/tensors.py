@@ -1,10 +1,15 @@
 """Fetching a model's tensors by name with their expected shapes checked at load time."""
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edged.models.errors import ModelError
 from edged.quant.tensor import QTensor
+
+
+# |value| bound of 1-D float tensors: about 600x the largest in the reference model (1657, a Gemma 3
+# post-FFN norm), far below where activations overflow float32
+VECTOR_LIMIT = 1e6
 
 
 class TensorSet:
@@ -25,6 +30,7 @@ class TensorSet:
         if tuple(qt.shape) != tuple(shape):
             raise ModelError(f"{self.path}: tensor {name!r} has shape {tuple(qt.shape)}, "
                              f"expected {tuple(shape)}")
+        check_finite(qt, self.path)
         return qt
 
     def optional(self, name: str, shape: tuple) -> QTensor | None:
@@ -35,7 +41,11 @@ class TensorSet:
         """A 1-D float tensor (norm weight, bias, rope factors) as float32 [n]."""
         if not required and name not in self.tensors:
             return None
-        return as_f32_vector(self.get(name, (n,)), self.path)
+        v = as_f32_vector(self.get(name, (n,)), self.path)
+        if n and float(np.abs(v).max()) > VECTOR_LIMIT:  # a 1e36 norm weight loaded and overflowed the logits
+            raise ModelError(f"{self.path}: tensor {name!r} holds {float(np.abs(v).max()):.4g}: norm weights, "
+                             f"biases and RoPE factors must be within +-{VECTOR_LIMIT:g}; the file is damaged")
+        return v
 
 
 def as_f32_vector(qt: QTensor, path="") -> np.ndarray:
@@ -47,3 +57,30 @@ def as_f32_vector(qt: QTensor, path="") -> np.ndarray:
     if qt.qtype == T.BF16:
         return (qt.data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     raise ModelError(f"{path}: 1-D tensor {qt.name!r} has type {qt.qtype.name}; expected F32, F16 or BF16")
+
+
+# byte offsets of each block's float16 scales (ggml's block layouts): a NaN or inf scale makes the
+# whole block, and so the logits, non-finite; the integer parts of a block cannot
+_F16_SCALES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+               T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+               T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
+
+
+def check_finite(qt: QTensor, path="") -> None:
+    """ModelError if a float tensor holds a NaN or inf, or a quantized one a NaN or inf block scale
+    (found by fuzzing: such a file loaded and gave NaN logits). One vectorised pass over the values
+    or the scales (every page of the tensor is read once; the first forward pass reads them anyway)."""
+    if qt.qtype == T.F32:
+        bad = not np.isfinite(qt.data.view(np.float32)).all()
+    elif qt.qtype in (T.F16, T.BF16):  # all exponent bits set: inf or NaN
+        mask = 0x7C00 if qt.qtype == T.F16 else 0x7F80
+        bad = ((qt.data.view(np.uint16) & mask) == mask).any()
+    elif qt.qtype in _F16_SCALES:  # the high byte of each little-endian float16 scale
+        blocks = qt.data.reshape(-1, GGML_QUANT_SIZES[qt.qtype][1])
+        bad = any(((blocks[:, o + 1] & 0x7C) == 0x7C).any() for o in _F16_SCALES[qt.qtype])
+    else:
+        return
+    if bad:
+        what = "values" if qt.qtype in (T.F32, T.F16, T.BF16) else "block scales"
+        raise ModelError(f"{path}: tensor {qt.name!r} ({qt.qtype.name}) has NaN or infinite {what}: "
+                         "the file is damaged")

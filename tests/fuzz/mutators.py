@@ -265,13 +265,14 @@ def request_seeds(model: str) -> dict:
              "stream_options": {"include_usage": True}, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
              "seed": 1, "stop": ["x"], "logprobs": True, "top_logprobs": 2, "n": 2},
             {"messages": _MSG, "max_tokens": 2, "tools": tools, "tool_choice": "auto",
-             "response_format": {"type": "json_object"}, "logit_bias": {"5": 1.5}, "presence_penalty": 0.5},
+             "logit_bias": {"5": 1.5}, "presence_penalty": 0.5},
+            {"messages": _MSG, "max_tokens": 2, "response_format": {"type": "json_object"}},
             {"messages": _MSG, "max_tokens": 2, "response_format": {"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}},
         ],
         "/v1/completions": [
             {"model": model, "prompt": "hi", "max_tokens": 3},
-            {"prompt": [[5, 6, 7], "a b"], "max_tokens": 2, "echo": True, "logprobs": 2, "stream": True},
+            {"prompt": [[5, 6, 7], [8]], "max_tokens": 2, "echo": True, "logprobs": 2, "stream": True},
             {"prompt": [5, 6], "max_tokens": 0, "echo": True, "logprobs": 1, "prompt_logprobs": 1,
              "repetition_penalty": 1.1, "min_p": 0.1, "frequency_penalty": 0.2},
         ],

@@ -2,7 +2,7 @@
 
 load_path(data): GGUF bytes -> validation, tokenizer, chat template, model build, one 3-token forward
 pass; non-finite logits from a file that loaded are a finding (NonFiniteLoad), as is any other error.
-request_body(route, data): raw bytes POSTed to the real app in process (tiny tokenizer, stub model);
+request_body(route, data): raw bytes POSTed to the real app in process (a tiny gemma3 model);
 a 5xx or an exception escaping the app is a finding (ServerFault).
 """
 
@@ -63,7 +63,7 @@ _app = {}
 
 
 def _client():
-    """One in-process TestClient over create_app with the tiny gemma3 tokenizer and a StubModel."""
+    """One in-process TestClient over create_app with a tiny gemma3 model (2048-token context)."""
     if "client" not in _app:
         from starlette.testclient import TestClient
 
@@ -71,13 +71,12 @@ def _client():
         from edged.server.config import ServerConfig
         from edged.server.lifecycle import ServerState
         from tests.helpers.tiny_models import write_tiny_model
-        from tests.server.stub_model import StubModel
 
-        path = write_tiny_model(_SCRATCH / "server-tiny.gguf", "gemma3")
+        path = write_tiny_model(_SCRATCH / "server-tiny.gguf", "gemma3", context=2048)
         lm = load(str(path), warmup=False, quiet=True, backend="cpu")
-        state = ServerState(ServerConfig(model=str(path), ctx=256, max_seqs=4, block_size=4))
+        state = ServerState(ServerConfig(model=str(path), ctx=2048, max_seqs=4, block_size=16))
         app = create_app(state, load_in_background=False)
-        state.attach(StubModel(lm.tokenizer.vocab_size), lm.tokenizer, lm.chat, str(path))
+        state.attach(lm.model, lm.tokenizer, lm.chat, str(path))  # real kernels: embeddings need them
         client = TestClient(app, base_url="http://localhost", raise_server_exceptions=True)
         client.__enter__()
         _app["client"], _app["model"] = client, path.name
