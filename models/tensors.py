@@ -81,6 +81,10 @@ def check_finite(qt: QTensor, path="") -> None:
     else:
         return
     if bad:
-        what = "values" if qt.qtype in (T.F32, T.F16, T.BF16) else "block scales"
+        if qt.qtype in (T.F32, T.F16, T.BF16):
+            at = int(np.flatnonzero(~np.isfinite(as_f32_vector(qt, path)))[0])
+            what = f"values (the first at [{at}] of the flattened tensor)"
+        else:
+            what = "block scales"
         raise ModelError(f"{path}: tensor {qt.name!r} ({qt.qtype.name}) has NaN or infinite {what}: "
                          "the file is damaged")
