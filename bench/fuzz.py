@@ -210,7 +210,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes, each with its own seed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=10.0, help="per-input limit (a hang), seconds")
-    ap.add_argument("--out", default="fuzz-findings", help="where bad inputs and tracebacks go")
+    ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "edged-fuzz-findings"),
+                    help="where bad inputs and tracebacks go")
     ap.add_argument("--progress", type=float, default=30.0, help="seconds between progress lines")
     ap.add_argument("--atheris", action="store_true", help="coverage-guided (load only; pip install atheris)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
