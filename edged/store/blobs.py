@@ -17,6 +17,20 @@ def blob_name(sha256: str) -> str:
     return f"sha256-{sha256}"
 
 
+
+def byte_counter(total: int, progress):
+    """advance(n) for BlobWriter.copy_from: reports progress(bytes so far, total) when progress is given."""
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    return advance
+
+
 class BlobWriter:
     """`with BlobWriter(tmp, blobs) as w: w.write(b); sha, size = w.finish(expected...)`; an
     exception (or no finish) inside the block discards the temp file."""

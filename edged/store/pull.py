@@ -11,7 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from edged.store.blobs import BlobWriter, hash_file
+from edged.store.blobs import BlobWriter, byte_counter, hash_file
 from edged.store.catalogue import CatalogueEntry, CatalogueFile, Part, lookup
 from edged.store.errors import StoreError
 from edged.store.manifest import Manifest
@@ -44,14 +44,7 @@ def pull(store: ModelStore, name: str, *, catalogue=None, progress=None, show_pi
         store.temp.clean()
         have = {f.sha256 for f in entry.files if _stored_intact(store, f)}
         needed = [f for f in entry.files if f.sha256 not in have]
-        total = sum(f.size for f in needed)
-        done = 0
-
-        def advance(n):
-            nonlocal done
-            done += n
-            if progress is not None:
-                progress(done, total)
+        advance = byte_counter(sum(f.size for f in needed), progress)
 
         with store.temp.new_dir("pull-") as work:
             if needed:

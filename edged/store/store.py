@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from edged.store.blobs import BlobWriter, blob_name, link_or_symlink
+from edged.store.blobs import BlobWriter, blob_name, byte_counter, link_or_symlink
 from edged.store.errors import ModelNotFoundError, StoreError
 from edged.store.fsutil import TempArea, file_lock, fsync_dir, write_durably
 from edged.store.gguf_facts import validated_facts
@@ -102,14 +102,7 @@ class ModelStore:
         facts = validated_facts(path)  # before anything is written
         parts = facts["parts"]
         source = source or {"kind": "import", "path": str(path.resolve())}
-        total = sum(p.stat().st_size for p in parts)
-        done = 0
-
-        def advance(n):
-            nonlocal done
-            done += n
-            if progress is not None:
-                progress(done, total)
+        advance = byte_counter(sum(p.stat().st_size for p in parts), progress)
 
         with self.writer_lock(full):
             self.temp.clean()
