@@ -222,12 +222,12 @@ def _splice(rng, seed: GGUFSeed, buf: bytearray) -> bytes:
             pool = _FLOAT_EXTREMES if vt in (6, 12) else _INT_EXTREMES
             val = struct.pack("<I", vt) + _pack(_FMT[vt], pool[rng.integers(len(pool))])
         at = seed.kvs[-1][1]
-        n_kv = struct.unpack_from("<Q", head, 16)[0] + 1
+        n_kv = (struct.unpack_from("<Q", head, 16)[0] + 1) % 2**64  # the count may be mutated already
         head = head[:16] + struct.pack("<Q", n_kv) + head[24:at] + _gstr(key) + val + head[at:]
         return _repad(seed, head)
     if kind == 2:  # a KV dropped, n_kv - 1
         a, b, _ = seed.kvs[rng.integers(len(seed.kvs))]
-        n_kv = struct.unpack_from("<Q", head, 16)[0] - 1
+        n_kv = (struct.unpack_from("<Q", head, 16)[0] - 1) % 2**64
         return _repad(seed, head[:16] + struct.pack("<Q", n_kv) + head[24:a] + head[b:])
     if kind == 3:  # random bytes inserted
         p = int(rng.integers(len(buf) if rng.random() < 0.2 else seed.header_end))
