@@ -35,6 +35,9 @@ _TYPE_TO_ATTR = np.array(
 SUPPORTED_MODELS = ("llama", "gpt2")
 
 # Token texts llama.cpp treats as end-of-turn / end-of-message / end-of-generation (same lists).
+# longest special (control / user-defined) token text: real vocabularies stay under 40 (Gemma 3: 31);
+# the special-token matcher's trie regex recurses once per character (5000: a RecursionError)
+MAX_SPECIAL_CHARS = 256
 _EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
@@ -333,3 +336,7 @@ def _detect_special(v: Vocab, fim: dict[str, int | None]) -> None:
     special = np.flatnonzero(v.attrs & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN))
     # llama.cpp sorts by text length, longest first (std::sort; ties here by id)
     v.special_ids = tuple(sorted((int(i) for i in special), key=lambda i: (-len(v.tokens[i]), i)))
+    if v.special_ids and len(v.tokens[v.special_ids[0]]) > MAX_SPECIAL_CHARS:  # found by fuzzing
+        i = v.special_ids[0]
+        raise TokenizerError(f"tokenizer.ggml.tokens[{i}] is a special token of {len(v.tokens[i])} "
+                             f"characters; at most {MAX_SPECIAL_CHARS} are supported")

@@ -131,3 +131,22 @@ def test_the_reference_model_passes_the_weight_checks():
         check_finite(qt, gf.path)
         if len(qt.shape) == 1:
             assert np.abs(as_f32_vector(qt)).max() < VECTOR_LIMIT / 100, qt.name
+
+
+@pytest.mark.parametrize("length,loads", [(256, True), (257, False), (5000, False)])
+def test_a_very_long_special_token_is_a_tokenizer_error(tmp_path, length, loads):
+    """A 5000-character control token made the special-token regex builder recurse past Python's
+    limit (an untyped RecursionError); now at most 256 characters, far above real ones (Gemma 3: 31)."""
+    from edged.quant import load_gguf
+    from edged.tokenizer import TokenizerError
+
+    tokens = load_gguf(write_tiny_model(tmp_path / "base.gguf", "gemma3")).get_str_list("tokenizer.ggml.tokens")
+    tokens[0] = "a" * length  # <pad>, a CONTROL token
+    path = write_tiny_model(tmp_path / "m.gguf", "gemma3",
+                            extra_kv={"tokenizer.ggml.tokens": (tokens, gguf.GGUFValueType.ARRAY)})
+    if loads:
+        assert targets.load_path(path.read_bytes()) == 300
+    else:
+        with pytest.raises(TokenizerError, match=rf"tokenizer\.ggml\.tokens\[0\] is a special token of "
+                                                 rf"{length} characters; at most 256 are supported"):
+            targets.load_path(path.read_bytes())
