@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import functools
 import uuid
 
 from starlette.concurrency import run_in_threadpool
@@ -31,12 +30,9 @@ def _plan(slot, req):
 
 def _prompt(slot, plan, req) -> str:
     """The rendered prompt, continued by a final assistant turn's text (prefill)."""
-    messages, tools = chat_tools.render_inputs(plan, req.messages, req.tools)
     extra = None if req.thinking is None else {"enable_thinking": req.thinking}
-    text = slot.chat.render(messages, add_generation_prompt=True, tools=tools, extra=extra)
-    text += req.prefill
-    chat_tools.note_prompt(plan, text)
-    return text
+    return chat_tools.render_prompt(slot.chat, plan, req.messages, req.tools, extra=extra,
+                                    suffix=req.prefill)
 
 
 async def _prompt_ids(slot, plan, req) -> list[int]:
@@ -58,9 +54,7 @@ async def messages(request: Request) -> Response:
         # clients send a max_tokens sized for Anthropic's models (Claude Code: 32000); a local context
         # is smaller: answer up to its end (stop_reason max_tokens) rather than a 400
         req.max_tokens = min(req.max_tokens, slot.max_len - len(ids))
-    options = None
-    if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
-        options = functools.partial(chat_tools.constraint_options, plan, response=req.constraint)
+    options = chat_tools.submit_options(plan, req.constraint)
     msg_id = f"msg_{uuid.uuid4().hex}"
     gen = await _submit(slot, msg_id, [ids], req, lambda p: slot.max_len - p, options)
     parser = plan.parser() if plan.parses else None

@@ -4,7 +4,6 @@ calls and reasoning, whole or streamed as OpenAI does."""
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 
@@ -32,17 +31,13 @@ async def chat_completions(request: Request) -> Response:
                                 req.reasoning_format or slot.config.reasoning_format)
 
     def render_and_encode():
-        messages, tools = chat_tools.render_inputs(plan, req.messages, req.tools)
-        text = slot.chat.render(messages, add_generation_prompt=True, tools=tools)
-        chat_tools.note_prompt(plan, text)
+        text = chat_tools.render_prompt(slot.chat, plan, req.messages, req.tools)
         return tok.encode(text, add_special=True, parse_special=True)
 
     ids = await run_in_threadpool(render_and_encode)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    options = None
-    if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
-        options = functools.partial(chat_tools.constraint_options, plan, response=req.constraint)
-    gen = await _submit(slot, rid, [ids], req, lambda p: slot.max_len - p, options)
+    gen = await _submit(slot, rid, [ids], req, lambda p: slot.max_len - p,
+                        chat_tools.submit_options(plan, req.constraint))
     head = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model}
     tt = TokenText(tok)
 

@@ -10,6 +10,7 @@ as llama.cpp's polyfills do.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -120,7 +121,25 @@ def note_prompt(plan: ChatPlan, prompt: str) -> None:
     plan.starts_in_reasoning = opens_in_reasoning(prompt, plan.reasoning)
 
 
+def render_prompt(chat, plan: ChatPlan, messages: list, tools: list | None, extra=None,
+                  suffix: str = "") -> str:
+    """The chat template over the request's messages and tools (as the plan's format wants them),
+    then `suffix` (an assistant prefill); noted for a thinking block it leaves open."""
+    messages, tools = render_inputs(plan, messages, tools)
+    text = chat.render(messages, add_generation_prompt=True, tools=tools, extra=extra) + suffix
+    note_prompt(plan, text)
+    return text
+
+
 # -- constraint -----------------------------------------------------------------------------------
+
+def submit_options(plan: ChatPlan, response: Constraint | None):
+    """constraint_options bound for route_common._submit, or None when the response_format (if
+    any) applies alone: tools are active, or a grammar must wait for the reasoning to end."""
+    if plan.tools_active or (response is not None and plan.reasoning is not None):
+        return functools.partial(constraint_options, plan, response=response)
+    return None
+
 
 def constraint_options(plan: ChatPlan, grammars, response: Constraint | None) -> tuple[Constraint | None, dict]:
     """The request's grammar (the tools' when they are active, else the response_format's) and

@@ -4,7 +4,6 @@ durations. An empty prompt / message list loads the model (with keep_alive 0: un
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 
@@ -41,12 +40,6 @@ def _extra(req) -> dict | None:
     return None if req.think is None else {"enable_thinking": req.think}
 
 
-def _options(plan, req):
-    if plan.tools_active or (req.constraint is not None and plan.reasoning is not None):
-        return functools.partial(chat_tools.constraint_options, plan, response=req.constraint)
-    return None
-
-
 async def _load_or_unload(request: Request, body: dict, empty_message: dict | None) -> Response:
     """Ollama's load (no prompt / messages) and unload (the same with keep_alive 0) requests."""
     model = ollama_schemas.model_name(body)
@@ -81,14 +74,12 @@ async def api_chat(request: Request) -> Response:
     plan = _plan(slot, req, req.tool_request)
 
     def render_and_encode():
-        messages, tools = chat_tools.render_inputs(plan, req.messages, req.tools)
-        text = slot.chat.render(messages, add_generation_prompt=True, tools=tools, extra=_extra(req))
-        chat_tools.note_prompt(plan, text)
+        text = chat_tools.render_prompt(slot.chat, plan, req.messages, req.tools, extra=_extra(req))
         return tok.encode(text, add_special=True, parse_special=True)
 
     ids = await run_in_threadpool(render_and_encode)
     gen = await _submit(slot, f"ollama-{uuid.uuid4().hex}", [ids], req, lambda p: slot.max_len - p,
-                        _options(plan, req))
+                        chat_tools.submit_options(plan, req.constraint))
     tt = TokenText(tok)
     if req.stream:
         return NDJSONResponse(_chat_lines(gen, req, plan, model, tt, started, load_s, len(ids)),
@@ -198,7 +189,7 @@ async def api_generate(request: Request) -> Response:
 
     ids = await run_in_threadpool(encode)
     gen = await _submit(slot, f"ollama-{uuid.uuid4().hex}", [ids], req, lambda p: slot.max_len - p,
-                        _options(plan, req) if plan is not None else None)
+                        chat_tools.submit_options(plan, req.constraint) if plan is not None else None)
     tt = TokenText(tok)
     parses = plan is not None and plan.parses
     if req.stream:

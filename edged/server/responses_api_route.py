@@ -67,15 +67,11 @@ async def create_response(request: Request) -> Response:
     plan = chat_tools.plan_chat(slot.chat.source, chat.tool_request, slot.config.reasoning_format)
 
     def render_and_encode():
-        messages, tools = chat_tools.render_inputs(plan, chat.messages, chat.tools)
-        text = slot.chat.render(messages, add_generation_prompt=True, tools=tools)
-        chat_tools.note_prompt(plan, text)
+        text = chat_tools.render_prompt(slot.chat, plan, chat.messages, chat.tools)
         return tok.encode(text, add_special=True, parse_special=True)
 
     ids = await run_in_threadpool(render_and_encode)
-    options = None
-    if plan.tools_active or (chat.constraint is not None and plan.reasoning is not None):
-        options = functools.partial(chat_tools.constraint_options, plan, response=chat.constraint)
+    options = chat_tools.submit_options(plan, chat.constraint)
     turn = _Turn(req, new_id("resp"), model, len(ids), store)
     try:
         gen = await _submit(slot, turn.rid, [ids], chat, lambda p: slot.max_len - p, options)
