@@ -10,7 +10,8 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     rope(x [n, heads, hd], positions int32 [n], rope: RopeParams) -> [n, heads, hd]
     gelu_tanh_mul(gate [n, f], up [n, f]) -> [n, f];  silu_mul(gate, up) -> [n, f]
     store_kv(kv: LayerKV, k [n, kvh, hd], v [n, kvh, hd], slot_mapping int32 [n]) -> None
-    attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap) -> [n, h, hd]
+    attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap, sinks) -> [n, h, hd]
+        (sinks float32 [h] or None: a per-head logit in the softmax denominator only, gpt-oss)
     add(a, b, out=None) (b same shape or a bias row [d]);  scale(x, s, out=None);  softcap(x, cap)
     allocate_kv(num_blocks, block_size, n_kv_heads, head_dim) -> LayerKV   (in the backend's memory)
 
@@ -100,6 +101,17 @@ def key_chunk(p, window, c, chunk):
         lo = p - window + 1
     j0 = lo + c * chunk
     return j0, min(j0 + chunk, p + 1)
+
+
+def check_sinks(sinks, n_heads: int) -> np.ndarray:
+    """Attention sinks as contiguous float32 [n_heads] (an empty [0] array for None); ValueError
+    on another shape."""
+    if sinks is None:
+        return np.empty(0, dtype=np.float32)
+    sinks = np.ascontiguousarray(sinks, dtype=np.float32)
+    if sinks.shape != (n_heads,):
+        raise ValueError(f"attention: sinks shape {sinks.shape} != ({n_heads},) (one logit per query head)")
+    return sinks
 
 
 def kv_shape(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> tuple:

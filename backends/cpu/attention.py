@@ -13,7 +13,7 @@ import math
 import numba as nb
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV, key_chunk, kv_shape
+from edged.backends.base import Batch, LayerKV, check_sinks, key_chunk, kv_shape
 from edged.backends.cpu.attention_tiles import FM, score_keys, weigh_values
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
 
@@ -146,10 +146,10 @@ def _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc):
 
 
 @nb.njit(inline="always", fastmath=FM)
-def _write_item(acc, t, h0, c, n_chunks, part_l, out, part_acc):
-    """One chunk: out[t, h0:h0+g] = acc / sum; several: acc kept in part_acc for _combine_chunks."""
+def _write_item(acc, t, h0, c, direct, part_l, out, part_acc):
+    """direct: out[t, h0:h0+g] = acc / sum; else acc kept in part_acc for _combine_chunks."""
     g, hd = acc.shape
-    if n_chunks == 1:
+    if direct:
         for hh in range(g):
             inv = np.float32(1.0) / part_l[t, h0 + hh, 0]
             for d in range(hd):
@@ -162,14 +162,15 @@ def _write_item(acc, t, h0, c, n_chunks, part_l, out, part_acc):
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
 def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, chunk, n_chunks,
-                      scale, cap, out, part_m, part_l, part_acc, err):
+                      direct, scale, cap, out, part_m, part_l, part_acc, err):
     """Score chunks of each token's visible keys and reduce them to (max, sum, weighted V).
 
     q [n, h, hd]; kc/vc [nb, bs, kvh, hd]; block_tables [n_seqs, max_blocks]; seq_starts
     [n_seqs + 1]; positions [n].
     Item it = (token, kv head, chunk c) covers keys lo + c*chunk .. of the token's range [lo, p].
-    With n_chunks == 1 the normalized result goes straight to out [n, h, hd]; otherwise each item
-    writes part_m/part_l [n, h, n_chunks] and part_acc [n, h, n_chunks, hd] for _combine_chunks.
+    With direct (one chunk, no sinks) the normalized result goes straight to out [n, h, hd];
+    otherwise each item writes part_m/part_l [n, h, n_chunks] and part_acc [n, h, n_chunks, hd]
+    for _combine_chunks.
     """
     n, n_heads, hd = q.shape
     kvh = kc.shape[2]
@@ -192,13 +193,15 @@ def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, ch
         _softmax_chunk(sc, cap, part_m, part_l, t, h0, c)
         acc = np.zeros((g, hd), dtype=np.float32)  # [g, hd]
         _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc)
-        _write_item(acc, t, h0, c, n_chunks, part_l, out, part_acc)
+        _write_item(acc, t, h0, c, direct, part_l, out, part_acc)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
-def _combine_chunks(part_m, part_l, part_acc, out):
-    """out[t, h] = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c over a token's chunks."""
+def _combine_chunks(part_m, part_l, part_acc, sinks, out):
+    """out[t, h] = sum_c e^(m_c - M) acc_c / (sum_c e^(m_c - M) l_c + e^(sinks[h] - M)) over a
+    token's chunks, M the largest m_c (and sink); sinks float32 [h], or [0] for none."""
     n, n_heads, n_chunks, hd = part_acc.shape
+    has_sinks = sinks.shape[0] > 0
     for th in nb.prange(n * n_heads):
         t = th // n_heads
         h = th % n_heads
@@ -206,6 +209,8 @@ def _combine_chunks(part_m, part_l, part_acc, out):
         for c in range(n_chunks):
             if part_l[t, h, c] > 0:
                 mx = max(mx, part_m[t, h, c])
+        if has_sinks:
+            mx = max(mx, sinks[h])
         for d in range(hd):
             out[t, h, d] = np.float32(0.0)
         tot = np.float32(0.0)
@@ -216,6 +221,8 @@ def _combine_chunks(part_m, part_l, part_acc, out):
                 tot += w * part_l[t, h, c]
                 for d in range(hd):
                     out[t, h, d] += w * part_acc[t, h, c, d]
+        if has_sinks:  # the sink's logit joins the denominator only (gpt-oss attention sinks)
+            tot += np.float32(1.0) if sinks[h] == mx else _exp_nonpos(sinks[h] - mx)
         inv = np.float32(1.0) / tot
         for d in range(hd):
             out[t, h, d] *= inv
@@ -246,14 +253,16 @@ def _plan(positions, seq_starts, n_table_rows, window, chunk):
 
 
 def attention(
-    q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0
+    q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal attention of q [n, h, hd] over the paged cache -> [n, h, hd] (float32).
 
     Token t of sequence s at position p = batch.positions[t] attends to keys 0..p of s (only
     p - j < window when window > 0), read through batch.block_tables[s]; the current step's K/V
     must already be stored (store_kv). Query head h uses kv head h // (h / kvh). Logits are
-    q.k * scale, then softcap * tanh(logit / softcap) when softcap > 0, then softmax.
+    q.k * scale, then softcap * tanh(logit / softcap) when softcap > 0, then softmax. sinks
+    (float32 [h], gpt-oss): head h's softmax denominator also holds e^sinks[h], a logit with no value.
     """
     n_blocks, bs, kvh, hd = kv.k.shape
     if q.ndim != 3 or q.shape[2] != hd or q.shape[1] % kvh:
@@ -279,7 +288,11 @@ def attention(
     if chunk == -2:
         raise ValueError("attention: negative position")
     h = q.shape[1]
-    if n_chunks == 1:
+    sinks = check_sinks(sinks, h)
+    # a one-chunk token normalizes in place; sinks always go through _combine_chunks, so a token's
+    # result is the same whether the batch splits others into chunks or not
+    direct = n_chunks == 1 and sinks.shape[0] == 0
+    if direct:
         part_m = np.empty((n, h, 1), dtype=np.float32)
         part_l = np.empty((n, h, 1), dtype=np.float32)
         part_acc = np.empty((1, 1, 1, 1), dtype=np.float32)
@@ -289,10 +302,10 @@ def attention(
         part_acc = np.empty((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     err = np.zeros(1, dtype=np.int32)
     _attention_chunks(q, kv.k, kv.v, block_tables, seq_starts, positions, int(window), chunk,
-                      n_chunks, np.float32(scale), np.float32(softcap), out, part_m, part_l,
+                      n_chunks, direct, np.float32(scale), np.float32(softcap), out, part_m, part_l,
                       part_acc, err)
     if err[0]:
         raise ValueError("attention: a block table entry needed by a position is missing or out of range")
-    if n_chunks > 1:
-        _combine_chunks(part_m, part_l, part_acc, out)
+    if not direct:
+        _combine_chunks(part_m, part_l, part_acc, sinks, out)
     return out

@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
-from edged.backends.base import Batch, LayerKV, key_chunk, kv_shape
+from edged.backends.base import Batch, LayerKV, check_sinks, key_chunk, kv_shape
 from edged.backends.cuda.launch import SIM, launch_1d
 from edged.backends.cuda.memory import as_device, is_device
 
@@ -205,12 +205,23 @@ def _weigh_tile(acc, vc, kh, j0, nk, ssc, sal, sblk, gh, tid, nt):
             acc[z] = a
 
 
+@cuda.jit(device=True, inline=True)
+def _sink_terms(m, sinks, h):
+    """(weight of the keys' sum, sink's denominator term) for head h whose keys' max logit is m:
+    (1, 0) without sinks ([0] array), else relative to max(m, sinks[h])."""
+    if sinks.shape[0] == 0:
+        return float32(1.0), float32(0.0)
+    mx = max(m, sinks[h])
+    return float32(math.exp(m - mx)), float32(math.exp(sinks[h] - mx))
+
+
 @cuda.jit
-def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, chunk, out,
-               part_m, part_l, part_acc):
+def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, chunk, sinks,
+               out, part_m, part_l, part_acc):
     """Grid (token, kv head, key chunk c): keys lo + c·chunk .. of the token's range [lo, p]. With
     one chunk the normalized result goes to out [n, h, hd]; otherwise each block leaves (max, sum,
-    unnormalized weighted V) in part_m / part_l [n, h, chunks], part_acc [n, h, chunks, hd]."""
+    unnormalized weighted V) in part_m / part_l [n, h, chunks], part_acc [n, h, chunks, hd].
+    sinks float32 [h] ([0]: none) add e^sink to a head's denominator."""
     sq = cuda.shared.array(MAX_GHD, float32)  # [g, hd] the query heads of this kv head
     ssc = cuda.shared.array((MAX_G, _MAX_THREADS), float32)  # [g, tile] scores, then probabilities
     sblk = cuda.shared.array(_MAX_THREADS, int32)  # [tile] cache block of each key
@@ -254,7 +265,8 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
         e = tid + z * nt
         if e < gh:
             if n_chunks == 1:
-                out[t, h0 + e // hd, e % hd] = acc[z] / sl[e // hd]
+                w, ws = _sink_terms(sm[e // hd], sinks, h0 + e // hd)
+                out[t, h0 + e // hd, e % hd] = acc[z] * w / (sl[e // hd] * w + ws)
             else:
                 part_acc[t, h0 + e // hd, c, e % hd] = acc[z]
     if n_chunks > 1 and tid < g:
@@ -263,9 +275,10 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
 
 
 @cuda.jit
-def _combine_chunks(part_m, part_l, part_acc, out):
-    """out[t, h, d] = Σ_c e^(m_c - M) acc_c / Σ_c e^(m_c - M) l_c over a token's non-empty chunks
-    (one thread per output; the max chunk's weight is exactly 1, as on the CPU)."""
+def _combine_chunks(part_m, part_l, part_acc, sinks, out):
+    """out[t, h, d] = Σ_c e^(m_c - M) acc_c / (Σ_c e^(m_c - M) l_c + e^(sinks[h] - M)) over a
+    token's non-empty chunks, M their largest m_c (and sink); one thread per output; the max
+    chunk's weight is exactly 1, as on the CPU; sinks [0]: none."""
     n, n_heads, n_chunks, hd = part_acc.shape
     i = cuda.grid(1)
     if i >= n * n_heads * hd:
@@ -277,6 +290,7 @@ def _combine_chunks(part_m, part_l, part_acc, out):
     for c in range(n_chunks):
         if part_l[t, h, c] > float32(0.0):
             mx = max(mx, part_m[t, h, c])
+    mx_keys = mx
     tot = float32(0.0)
     a = float32(0.0)
     for c in range(n_chunks):
@@ -284,14 +298,21 @@ def _combine_chunks(part_m, part_l, part_acc, out):
             w = float32(1.0) if part_m[t, h, c] == mx else float32(math.exp(part_m[t, h, c] - mx))
             tot += w * part_l[t, h, c]
             a += w * part_acc[t, h, c, d]
+    if sinks.shape[0] > 0:
+        mx = max(mx, sinks[h])
+        wk = float32(math.exp(mx_keys - mx))
+        tot = tot * wk + float32(math.exp(sinks[h] - mx))
+        a = a * wk
     out[t, h, d] = a / tot
 
 
-def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0):
+def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0,
+              sinks=None):
     """Causal attention of device q float32 [n, h, hd] over the paged device cache -> new [n, h, hd].
 
     batch should come from prepare_batch (host arrays are checked and uploaded here instead); the
-    current step's K/V must already be stored (store_kv)."""
+    current step's K/V must already be stored (store_kv). sinks (float32 [h], host or device, or
+    None): a per-head logit in the softmax denominator only (gpt-oss)."""
     n_blocks, bs, kvh, hd = kv.k.shape
     q = as_device(q, np.float32, "attention q")
     if q.ndim != 3 or q.shape[2] != hd or q.shape[1] % kvh:
@@ -309,6 +330,12 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
         raise ValueError(f"attention: positions shape {tuple(batch.positions.shape)} != ({n},)")
     if batch.block_tables.ndim != 2:
         raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {tuple(batch.block_tables.shape)}")
+    if sinks is None:
+        sinks = cuda.device_array(0, dtype=np.float32)
+    else:
+        sinks = as_device(sinks if is_device(sinks) else check_sinks(sinks, h), np.float32, "attention sinks")
+        if tuple(sinks.shape) != (h,):
+            raise ValueError(f"attention: sinks shape {tuple(sinks.shape)} != ({h},) (one logit per query head)")
     out = cuda.device_array((n, h, hd), dtype=np.float32)  # [n, h, hd]
     if n == 0:
         return out
@@ -327,8 +354,8 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
         part_acc = cuda.device_array((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     _attention[(n, kvh, n_chunks), ATT_THREADS](
         q, kv.k, kv.v, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
-        np.float32(scale), np.float32(softcap), np.int32(CHUNK), out, part_m, part_l, part_acc)
+        np.float32(scale), np.float32(softcap), np.int32(CHUNK), sinks, out, part_m, part_l, part_acc)
     if n_chunks > 1:
         blocks, threads = launch_1d(n * h * hd)
-        _combine_chunks[blocks, threads](part_m, part_l, part_acc, out)
+        _combine_chunks[blocks, threads](part_m, part_l, part_acc, sinks, out)
     return out

@@ -14,7 +14,7 @@ device arrays (float32 unless stated), plus transfers and weight upload.
     take_rows(x [n, ...], rows) -> [len(rows), ...];  slice_cols(x [n, c], start, stop) -> [n, stop-start]
     allocate_kv(num_blocks, block_size, n_kv_heads, head_dim) -> LayerKV (device k, v, zeroed)
     store_kv(kv, k [n, kvh, hd], v, slot_mapping int32 [n]) -> None
-    prepare_batch(batch) -> Batch with device arrays;  attention(q, kv, batch, scale, window=0, softcap=0.0)
+    prepare_batch(batch) -> Batch with device arrays;  attention(q, kv, batch, scale, window=0, softcap=0.0, sinks=None)
 
 Every op accepts device arrays (host numpy is uploaded for inputs such as ids, positions and
 weights); outputs are new device arrays unless `out` is given; no op copies activations to the host.

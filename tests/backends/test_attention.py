@@ -14,8 +14,9 @@ from edged.backends.cpu import allocate_kv, attention, store_kv
 ATOL = 1e-5
 
 
-def ref_attention(q, k_seq, v_seq, positions, seq_of_tok, scale, window, softcap):
-    """Dense float64 reference: token t attends to keys j <= p (and p - j < window) of its sequence."""
+def ref_attention(q, k_seq, v_seq, positions, seq_of_tok, scale, window, softcap, sinks=None):
+    """Dense float64 reference: token t attends to keys j <= p (and p - j < window) of its sequence;
+    sinks [h] add e^sink to head h's softmax denominator."""
     n, h, hd = q.shape
     kvh = k_seq[0].shape[1]
     g = h // kvh
@@ -29,8 +30,10 @@ def ref_attention(q, k_seq, v_seq, positions, seq_of_tok, scale, window, softcap
             logits = k @ q[t, head].astype(np.float64) * scale
             if softcap > 0:
                 logits = softcap * np.tanh(logits / softcap)
-            w = np.exp(logits - logits.max())
-            out[t, head] = w @ v / w.sum()
+            m = logits.max() if sinks is None else max(logits.max(), float(sinks[head]))
+            w = np.exp(logits - m)
+            denom = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[head]) - m))
+            out[t, head] = w @ v / denom
     return out
 
 
@@ -116,6 +119,38 @@ def test_long_decode_split_into_chunks(seqs, window):
     out = attention(q, kv, batch, 0.125, window=window)
     ref = ref_attention(q, k_seq, v_seq, batch.positions, seq_of_tok, 0.125, window, 0.0)
     assert np.abs(out - ref).max() <= ATOL
+
+
+@pytest.mark.parametrize("seqs", [MIXED, [(700, 1), (3, 1)]])
+def test_sinks(seqs):
+    """Sinks (some below, some above the logits) join the denominator only, in one-chunk and
+    chunked tokens; numpy_ops (the test backend) agrees."""
+    from tests.helpers import numpy_ops
+
+    rng = np.random.default_rng(11)
+    q, kv, batch, k_seq, v_seq, seq_of_tok = make_case(rng, 16, 2, 2, 64, seqs)
+    sinks = np.array([-3.0, 0.5, 2.0, 6.0], dtype=np.float32)  # [h]
+    out = attention(q, kv, batch, 0.125, sinks=sinks)
+    ref = ref_attention(q, k_seq, v_seq, batch.positions, seq_of_tok, 0.125, 0, 0.0, sinks)
+    assert np.abs(out - ref).max() <= ATOL
+    assert np.abs(numpy_ops.attention(q, kv, batch, 0.125, sinks=sinks) - ref).max() <= ATOL
+    assert np.abs(out - attention(q, kv, batch, 0.125)).max() > 1e-2  # the sinks matter
+    with pytest.raises(ValueError, match="sinks shape"):
+        attention(q, kv, batch, 0.125, sinks=sinks[:3])
+
+
+def test_sinks_result_independent_of_batch():
+    """A short decode with sinks gives the same bits alone and beside a 700-key decode (which
+    makes the batch chunked)."""
+    rng = np.random.default_rng(12)
+    q, kv, batch, *_ = make_case(rng, 16, 1, 2, 64, [(700, 1), (5, 1)])
+    sinks = np.array([0.3, 1.5], dtype=np.float32)
+    both = attention(q, kv, batch, 0.125, sinks=sinks)
+    alone = Batch(token_ids=batch.token_ids[1:], positions=batch.positions[1:],
+                  seq_starts=np.array([0, 1], np.int32), seq_lens=batch.seq_lens[1:],
+                  block_tables=batch.block_tables[1:], slot_mapping=batch.slot_mapping[1:],
+                  logits_indices=np.zeros(1, np.int32), block_size=16)
+    np.testing.assert_array_equal(attention(q[1:], kv, alone, 0.125, sinks=sinks), both[1:])
 
 
 def test_store_kv_places_rows_by_slot_and_skips_negative():

@@ -103,8 +103,9 @@ def store_kv(kv: LayerKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
 
 
 def attention(q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: int = 0,
-              softcap: float = 0.0) -> np.ndarray:
-    """Causal (optionally sliding-window) GQA attention over the paged cache. q [n, h, hd]."""
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal (optionally sliding-window) GQA attention over the paged cache. q [n, h, hd].
+    sinks [h]: a logit per head that joins the softmax denominator only."""
     n, h, hd = q.shape
     kvh = kv.k.shape[2]
     group = h // kvh
@@ -127,8 +128,10 @@ def attention(q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: in
                 if softcap:
                     sc = softcap * np.tanh(sc / softcap)
                 sc = np.where(allowed, sc, -np.inf)
-                w = np.exp(sc - sc.max())
-                out[t, hh] = (w / w.sum()) @ V[:, hh // group]
+                m = sc.max() if sinks is None else max(sc.max(), float(sinks[hh]))
+                w = np.exp(sc - m)
+                denom = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[hh]) - m))
+                out[t, hh] = (w / denom) @ V[:, hh // group]
     return out
 
 

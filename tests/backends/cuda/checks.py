@@ -206,7 +206,7 @@ def attention_case(rng, bs: int, kvh: int, g: int, hd: int, seqs, spare_blocks: 
     return q, k, v, slots, batch, num_blocks
 
 
-def check_attention(bs, kvh, g, hd, seqs, window=0, softcap=0.0, seed=0) -> None:
+def check_attention(bs, kvh, g, hd, seqs, window=0, softcap=0.0, seed=0, sinks=None) -> None:
     """GPU attention == CPU attention on the same cache contents and batch."""
     o = ops()
     rng = np.random.default_rng(seed)
@@ -214,10 +214,10 @@ def check_attention(bs, kvh, g, hd, seqs, window=0, softcap=0.0, seed=0) -> None
     scale = 1.0 / np.sqrt(hd)
     kv_cpu = cpu_allocate_kv(num_blocks, bs, kvh, hd)
     cpu_store_kv(kv_cpu, k, v, slots)
-    want = cpu_attention(q, kv_cpu, batch, scale, window, softcap)
+    want = cpu_attention(q, kv_cpu, batch, scale, window, softcap, sinks)
     kv = o.allocate_kv(num_blocks, bs, kvh, hd)
     o.store_kv(kv, o.upload(k), o.upload(v), o.upload(slots))
     np.testing.assert_array_equal(o.to_host(kv.k), kv_cpu.k)
     np.testing.assert_array_equal(o.to_host(kv.v), kv_cpu.v)
-    got = o.to_host(o.attention(o.upload(q), kv, o.prepare_batch(batch), scale, window, softcap))
+    got = o.to_host(o.attention(o.upload(q), kv, o.prepare_batch(batch), scale, window, softcap, sinks))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)

@@ -24,6 +24,12 @@ def test_softcap():
     check_attention(bs=8, kvh=1, g=2, hd=16, seqs=[(0, 6), (20, 1)], softcap=2.0, seed=2)
 
 
+def test_sinks():
+    """Sinks below and above the logits; the 70-key decode takes the chunked path (combine)."""
+    check_attention(bs=4, kvh=1, g=2, hd=16, seqs=[(0, 3), (69, 1)], seed=5,
+                    sinks=np.array([-1.0, 4.0], np.float32))
+
+
 def test_prefill_alone_and_decode_alone():
     check_attention(bs=4, kvh=1, g=1, hd=16, seqs=[(0, 7)], seed=3)
     check_attention(bs=4, kvh=1, g=1, hd=16, seqs=[(70, 1)], seed=4)  # 71 keys: three key tiles
