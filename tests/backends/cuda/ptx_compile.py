@@ -74,8 +74,8 @@ def kernels():
         ("slice_cols", activations._slice_cols, (f2, int32, f2)),
         ("zero", attention._zero, (f1,)),
         ("store_kv", attention._store_kv, (f4, f4, f3, f3, i1)),
-        ("attention", attention._attention, (f3, f4, f4, i2, i1, i1, int32, float32, float32, int32, f3, f3, f3, f4)),
-        ("combine_chunks", attention._combine_chunks, (f3, f3, f4, f3)),
+        ("attention", attention._attention, (f3, f4, f4, i2, i1, i1, int32, float32, float32, int32, f1, f3, f3, f3, f4)),
+        ("combine_chunks", attention._combine_chunks, (f3, f3, f4, f1, f3)),
     ]
     return out
 
