@@ -42,6 +42,15 @@ class RopeParams:
 class Batch:
     """One engine step, flattened: the tokens of each sequence are contiguous.
 
+    # YaRN (ggml_rope_ext's last four arguments): ext_factor 0 = off; else each pair's angle mixes
+    # the interpolated (freq_scale) and extrapolated (unscaled) one by a ramp over the pairs
+    # between the correction dims of beta_fast/beta_slow rotations in orig_ctx positions, and
+    # cos/sin are scaled by attn_factor * (1 + 0.1 ln(1/freq_scale))
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    orig_ctx: int = 0  # the context the model was trained at before the extension
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
     Sequence s owns tokens seq_starts[s]:seq_starts[s+1]; after this step its context holds
     seq_lens[s] tokens whose KV lives in blocks block_tables[s, :ceil(seq_lens[s]/block_size)].
     When sliding-window layers have their own KV blocks (edged.kv.manager's second group), they

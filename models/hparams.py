@@ -42,16 +42,36 @@ class HParams:
     extra: dict = field(default_factory=dict)  # architecture-specific values (e.g. rope_base_swa)
     # pooling_type (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank); None when absent
     pooling_type: int | None = None
+    # YaRN (rope.scaling.type "yarn"): rope.scaling.original_context_length (default the context),
+    # rope.scaling.attn_factor, rope.scaling.yarn_beta_fast / yarn_beta_slow (llama.cpp's defaults)
+    rope_orig_ctx: int = 0
+    rope_attn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     @property
     def rope_freq_scale(self) -> float:
-        """Position multiplier of linear RoPE scaling (llama.cpp's freq_scale = 1 / factor)."""
-        if self.rope_scaling == "linear" and self.rope_scale_factor > 0:
+        """Position multiplier of linear or YaRN RoPE scaling (llama.cpp's freq_scale = 1 / factor)."""
+        if self.rope_scaling in ("linear", "yarn") and self.rope_scale_factor > 0:
             return 1.0 / self.rope_scale_factor
         return 1.0
 
+    def yarn_rope(self) -> dict:
+        """RopeParams' YaRN fields: ext_factor 1 under yarn (0 otherwise), and attn_factor as
+        llama.cpp's context sets it (get_mscale(factor) / (1 + 0.1 ln factor) * rope.scaling.attn_factor,
+        so that with the rope op's own 1 + 0.1 ln(1/freq_scale) cos/sin scale by get_mscale(factor))."""
+        if self.rope_scaling != "yarn":
+            return {}
+        f32 = np.float32
+        factor = f32(1) / f32(self.rope_freq_scale)
+        mscale = f32(1) if factor <= 1 else f32(0.1) * f32(math.log(factor)) + f32(1)
+        attn = mscale * (f32(1) / (f32(1) + f32(0.1) * f32(math.log(factor)))) * f32(self.rope_attn_factor)
+        return dict(ext_factor=1.0, attn_factor=float(attn), orig_ctx=self.rope_orig_ctx,
+                    beta_fast=self.yarn_beta_fast, beta_slow=self.yarn_beta_slow)
 
-# scaling types whose effect is a plain position multiplier or per-frequency divisors (rope_freqs)
+
+# scaling types whose effect is a plain position multiplier or per-frequency divisors (rope_freqs);
+# "yarn" (backends/rope.py's ramp-mixed interpolation) where the architecture passes yarn=True
 SUPPORTED_ROPE_SCALING = ("none", "linear", "llama3")
 
 
@@ -111,7 +131,10 @@ def check_rope_angles(path, keys: str, hp: HParams, min_factor: float = 1.0) -> 
     """The largest RoPE angle, position * freq_scale * base^(-2i/dim) / factor_i over the context,
     must stay far from float32 overflow (sin/cos of inf is NaN). Computed in logs: no overflow here."""
     d = hp.rope_dim
-    log_rate = math.log(hp.rope_freq_scale) - math.log(min_factor)
+    scale = hp.rope_freq_scale
+    if hp.rope_scaling == "yarn":  # YaRN's fastest pairs keep the unscaled frequency
+        scale = max(1.0, scale)
+    log_rate = math.log(scale) - math.log(min_factor)
     log_rate += max(0.0, -(d - 2) / d * math.log(hp.rope_base))  # base < 1: the last pair is fastest
     if math.log(max(hp.context_length - 1, 1)) + log_rate > math.log(ROPE_ANGLE_MAX):
         raise ModelError(f"{path}: {keys}: RoPE angles over the {hp.context_length}-token context "
@@ -119,8 +142,23 @@ def check_rope_angles(path, keys: str, hp: HParams, min_factor: float = 1.0) -> 
                          f"smallest factor {min_factor!r})")
 
 
-def read_hparams(gf, vocab_size: int) -> HParams:
-    """Common hyper-parameters of `gf.architecture`; `vocab_size` from the token_embd tensor.
+def read_yarn(gf, hp: HParams) -> None:
+    """The YaRN keys into hp (see HParams); a DeepSeek-style yarn_log_multiplier is refused."""
+    def key(suffix):
+        return f"{hp.arch}.rope.scaling.{suffix}"
+
+    hp.rope_orig_ctx = int_range(gf, key("original_context_length"), default=hp.context_length)
+    hp.rope_attn_factor = finite_positive(gf, key("attn_factor"), default=1.0)
+    hp.yarn_beta_fast = finite_positive(gf, key("yarn_beta_fast"), default=32.0)
+    hp.yarn_beta_slow = finite_positive(gf, key("yarn_beta_slow"), default=1.0)
+    if finite_positive(gf, key("yarn_log_multiplier"), default=0.0, zero_means_unset=True):
+        fail(gf.path, key("yarn_log_multiplier"), gf.get_float(key("yarn_log_multiplier")),
+             "DeepSeek's YaRN attention scaling is not supported")
+
+
+def read_hparams(gf, vocab_size: int, yarn: bool = False) -> HParams:
+    """Common hyper-parameters of `gf.architecture`; `vocab_size` from the token_embd tensor;
+    `yarn`: the architecture builds its RoPE with HParams.yarn_rope (else YaRN files are refused).
 
     Raises ModelError naming the key and value for values that make no sense (see module docstring).
     """
@@ -159,9 +197,10 @@ def read_hparams(gf, vocab_size: int) -> HParams:
     legacy_linear = finite_positive(gf, key("rope.scale_linear"), default=0.0, zero_means_unset=True)
     if scaling == "none" and legacy_linear > 0:
         scaling, factor = "linear", legacy_linear  # older converters wrote only this key
-    if scaling not in SUPPORTED_ROPE_SCALING:
+    supported = (*SUPPORTED_ROPE_SCALING, "yarn") if yarn else SUPPORTED_ROPE_SCALING
+    if scaling not in supported:
         raise ModelError(f"{path}: {key('rope.scaling.type')}={scaling!r} is not supported; "
-                         f"supported: {', '.join(SUPPORTED_ROPE_SCALING)}")
+                         f"supported: {', '.join(supported)}")
     n_vocab_meta = int_range(gf, key("vocab_size"), default=vocab_size)
     if n_vocab_meta != vocab_size:
         fail(path, key("vocab_size"), n_vocab_meta, f"token_embd.weight has {vocab_size} rows")
@@ -184,5 +223,7 @@ def read_hparams(gf, vocab_size: int) -> HParams:
         vocab_size=vocab_size,
         pooling_type=int_range(gf, key("pooling_type"), lo=0, hi=4, default=None),
     )
+    if scaling == "yarn":
+        read_yarn(gf, hp)
     check_rope_angles(path, f"{key('rope.freq_base')}, {key('rope.scaling.factor')}", hp)
     return hp

@@ -1,8 +1,9 @@
 """Llama 2/3 (also TinyLlama, SmolLM; Mistral loads as an alias).
 
 hparams: llama.* common keys (models/hparams.py); rope.dimension_count; rope.scaling.type
-  "linear" (positions times 1/factor) or Llama 3's per-frequency divisors in the `rope_freqs.weight`
-  tensor [rope_dim/2] (used whenever present, as llama.cpp does).
+  "linear" (positions times 1/factor), "yarn" (factor, original_context_length, attn_factor,
+  yarn_beta_fast/slow: backends/rope.py) or Llama 3's per-frequency divisors in the
+  `rope_freqs.weight` tensor [rope_dim/2] (used whenever present, as llama.cpp does).
 tensors: token_embd, output_norm, output (absent → tied to token_embd); per block blk.N.attn_norm,
   attn_q/k/v/output, ffn_norm, ffn_gate/up/down.
 load-time fixes: none — the converter permuted Q/K rows for the interleaved (non-NEOX) RoPE.
@@ -37,14 +38,14 @@ def rope_params(ts, hp, neox: bool) -> RopeParams:
         check_rope_angles(ts.path, f"{hp.arch}.rope.freq_base, tensor 'rope_freqs.weight'", hp,
                           min_factor=float(factors.min()))
     return RopeParams(dim=hp.rope_dim, freq_base=hp.rope_base, neox=neox,
-                      freq_scale=hp.rope_freq_scale, freq_factors=factors)
+                      freq_scale=hp.rope_freq_scale, freq_factors=factors, **hp.yarn_rope())
 
 
 def build(gf, ops, *, neox: bool, biases: bool = False, qk_norm: bool = False,
           fused: bool = False) -> DecoderModel:
     """A pre-norm SiLU decoder (llama and its relatives, which differ only in these flags)."""
     ts = TensorSet(gf)
-    hp = read_hparams(gf, vocab_rows(ts))
+    hp = read_hparams(gf, vocab_rows(ts), yarn=True)
     rope = rope_params(ts, hp, neox)
     layers = []
     for i in range(hp.n_layers):

@@ -2,7 +2,7 @@
 
 rms_norm sums squares in float64 and scales in float32 as ggml_compute_forward_rms_norm_f32 does;
 rope builds each token's cos/sin table by repeated float32 multiplication (backends/rope.py holds
-the math both backends share), as ggml_rope_cache_init does.
+the math both backends share, YaRN included), as ggml_rope_cache_init does.
 """
 
 import math
@@ -54,11 +54,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | No
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, freq_factors, out):
+def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
     """x float32 [n, heads, hd] -> out: rotate the first n_dims features of every head.
 
-    freq_factors float32 [n_dims/2] (ones when the model has none). Pairs: neox (i, i + n_dims/2),
-    normal (2i, 2i + 1). Features past n_dims are copied unchanged.
+    table float32 [3, n_dims/2] (backends/rope.py rope_table: divisors, interpolated and
+    extrapolated weights); cos/sin times mscale. Pairs: neox (i, i + n_dims/2), normal (2i, 2i + 1).
+    Features past n_dims are copied unchanged.
     """
     n, heads, hd = x.shape
     half = n_dims // 2
@@ -67,9 +68,9 @@ def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, freq_factors
         sin_t = np.empty(half, dtype=np.float32)  # [n_dims/2]
         theta = np.float32(positions[t])
         for i in range(half):
-            a = _pair_angle(theta, freq_scale, freq_factors[i])
-            cos_t[i] = np.float32(math.cos(a))
-            sin_t[i] = np.float32(math.sin(a))
+            a = _pair_angle(theta, freq_scale, table[0, i], table[1, i], table[2, i])
+            cos_t[i] = np.float32(math.cos(a)) * mscale
+            sin_t[i] = np.float32(math.sin(a)) * mscale
             theta = theta * theta_scale
         for h in range(heads):
             for i in range(half):
@@ -85,7 +86,8 @@ def rope(
     """Rotary embedding: x float32 [n, heads, hd], positions int32 [n] -> [n, heads, hd].
 
     Feature pair i of the first p.dim features turns by theta_i = pos * freq_scale *
-    base^(-2i/dim) / freq_factors[i]; pairs are (i, i + dim/2) when p.neox, else (2i, 2i + 1).
+    base^(-2i/dim) / freq_factors[i] (YaRN-mixed with the unscaled angle when p.ext_factor is set,
+    backends/rope.py); pairs are (i, i + dim/2) when p.neox, else (2i, 2i + 1).
     Pass `out=x` to rotate in place.
     """
     if x.ndim != 3:
@@ -96,13 +98,13 @@ def rope(
     if positions.shape != (n,):
         raise ValueError(f"rope positions shape {positions.shape} does not match {n} tokens")
     dim = _rope.rope_dim(p, hd)
-    factors = _rope.rope_factors(p, dim)
+    table = _rope.cached_rope_table(p, dim)  # [3, dim/2]
     if out is None:
         out = np.empty_like(x)
     elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("rope out must be a C-contiguous float32 array shaped like x")
     _rope_rows(
         x, positions, dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base),
-        np.float32(p.freq_scale), factors, out,
+        np.float32(p.freq_scale), table, _rope.rope_mscale(p), out,
     )
     return out

@@ -69,9 +69,10 @@ def rms_norm(x, weight, eps: float, out=None):
 
 
 @cuda.jit
-def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, factors, out):
+def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
     """One thread per (token, pair i < n_dims/2) rotating that pair in every head, plus one per
-    (token, feature past n_dims) copying it."""
+    (token, feature past n_dims) copying it. table float32 [3, n_dims/2]: backends/rope.py's
+    rope_table (divisors, interpolated and extrapolated weights); cos/sin times mscale."""
     n, heads, hd = x.shape
     half = n_dims // 2
     per = half + (hd - n_dims)
@@ -84,9 +85,9 @@ def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, factors, out
         theta = float32(positions[t])
         for _ in range(j):
             theta = theta * theta_scale
-        a = _pair_angle(theta, freq_scale, factors[j])
-        cs = float32(math.cos(a))
-        sn = float32(math.sin(a))
+        a = _pair_angle(theta, freq_scale, table[0, j], table[1, j], table[2, j])
+        cs = float32(math.cos(a)) * mscale
+        sn = float32(math.sin(a)) * mscale
         i0, i1 = _pair_features(j, half, neox)
         for h in range(heads):
             out[t, h, i0], out[t, h, i1] = _rotate(x[t, h, i0], x[t, h, i1], cs, sn)
@@ -96,18 +97,14 @@ def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, factors, out
             out[t, h, c] = x[t, h, c]
 
 
-# id(host freq_factors) -> (host array, device array): uploaded once per model, not per call
-_FACTORS: dict = {}
-
-
-def _factors_on_device(p: RopeParams, dim: int):
-    key = ("ones", dim) if p.freq_factors is None else id(p.freq_factors)
-    hit = _FACTORS.get(key)
-    if hit is not None and (p.freq_factors is None or hit[0] is p.freq_factors):
+def _table_on_device(p: RopeParams, dim: int):
+    """rope_table on the device, uploaded once per host table (kept on p beside it)."""
+    host = _rope.cached_rope_table(p, dim)
+    hit = p.__dict__.get("_device_table")
+    if hit is not None and hit[0] is host:
         return hit[1]
-    host = _rope.rope_factors(p, dim)
     dev = cuda.to_device(host)
-    _FACTORS[key] = (p.freq_factors, dev)  # holding the host array keeps its id from being reused
+    p.__dict__["_device_table"] = (host, dev)
     return dev
 
 
@@ -122,7 +119,7 @@ def rope(x, positions, p: RopeParams, out=None):
     if tuple(positions.shape) != (n,):
         raise ValueError(f"rope positions shape {tuple(positions.shape)} does not match {n} tokens")
     dim = _rope.rope_dim(p, hd)
-    factors = _factors_on_device(p, dim)
+    table = _table_on_device(p, dim)  # [3, dim/2]
     if out is None:
         out = cuda.device_array(x.shape, dtype=np.float32)  # [n, heads, hd]
     elif tuple(out.shape) != tuple(x.shape) or out.dtype != np.float32:
@@ -132,5 +129,5 @@ def rope(x, positions, p: RopeParams, out=None):
         blocks, threads = launch_1d(n * per, 128)
         theta_scale = _rope.rope_theta_scale(dim, p.freq_base)
         _rope_rows[blocks, threads](x, positions, np.int32(dim), np.int32(1 if p.neox else 0), theta_scale,
-                                    np.float32(p.freq_scale), factors, out)
+                                    np.float32(p.freq_scale), table, _rope.rope_mscale(p), out)
     return out

@@ -13,6 +13,7 @@ from edged.backends.cpu.host import (prepare_batch, slice_cols, take_rows, to_ho
                                      upload_matrix)
 from edged.quant.tensor import QTensor
 from tests.helpers.qdata import reference_dequantize
+from tests.helpers.rope_reference import rope_frequencies, rope_params_yarn
 
 _DEQUANT_CACHE: dict[int, tuple[QTensor, np.ndarray]] = {}
 
@@ -51,13 +52,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions: np.ndarray, p: RopeParams) -> np.ndarray:
-    """Rotary embedding of the first p.dim features of each head. x [n, heads, hd]."""
+    """Rotary embedding of the first p.dim features of each head (YaRN from the paper's
+    formulation, tests/helpers/rope_reference.py). x [n, heads, hd]."""
     half = p.dim // 2
-    inv = p.freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.dim)
-    if p.freq_factors is not None:
-        inv = inv / p.freq_factors.astype(np.float64)
-    theta = positions.astype(np.float64)[:, None] * p.freq_scale * inv[None, :]  # [n, half]
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    inv, mscale = rope_frequencies(p.dim, p.freq_base, p.freq_scale, p.freq_factors, rope_params_yarn(p))
+    theta = positions.astype(np.float64)[:, None] * inv[None, :]  # [n, half]
+    cos, sin = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
     out = x.astype(np.float32).copy()
     if p.neox:
         a, b = x[..., :half], x[..., half : p.dim]

@@ -37,7 +37,7 @@ class TinySpec:
     eps: float = 1e-6
     rope_base: float = 10000.0
     sliding_window: int = 0
-    rope_scaling: str = "none"  # "none" | "linear" (factor 2)
+    rope_scaling: str = "none"  # "none" | "linear" (factor 2) | "yarn" (factor 4, 64 original positions)
     rope_freqs: bool = False  # write a Llama-3-style rope_freqs.weight tensor
     tied: bool = True  # no output.weight: logits through token_embd
     write_key_length: bool = False
@@ -250,6 +250,10 @@ def write_tiny_model(path, arch: str, *, seed: int = 0, omit: tuple = (), reshap
     if spec.rope_scaling == "linear":
         wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         wr.add_rope_scaling_factor(2.0)
+    if spec.rope_scaling == "yarn":  # factor 4 over 64 original positions: the ramp spans the head's pairs
+        wr.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        wr.add_rope_scaling_factor(4.0)
+        wr.add_rope_scaling_orig_ctx_len(64)
     _write_tokenizer(wr, spec)
     for k, v in spec.extra_kv.items():  # last: they may replace any key written above
         wr.add_key_value(k, v[0], v[1])

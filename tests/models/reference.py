@@ -13,6 +13,8 @@ import gguf
 import numpy as np
 from gguf.quants import dequantize
 
+from tests.helpers.rope_reference import Yarn, rope_frequencies
+
 
 class ReferenceModel:
     """A GGUF model held as float64 arrays, with a plain forward per architecture."""
@@ -39,13 +41,12 @@ class ReferenceModel:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * self.w[name]
 
     @staticmethod
-    def rope(x, base, neox, scale=1.0, factors=None):
-        """x [T, heads, d]: rotate (i, i+d/2) pairs (neox) or (2i, 2i+1) pairs, via complex numbers."""
+    def rope(x, base, neox, scale=1.0, factors=None, yarn=None):
+        """x [T, heads, d]: rotate (i, i+d/2) pairs (neox) or (2i, 2i+1) pairs, via complex numbers;
+        yarn: a tests.helpers.rope_reference.Yarn (its frequencies and cos/sin scale)."""
         T, _, d = x.shape
-        freqs = base ** (-np.arange(0, d, 2) / d)
-        if factors is not None:
-            freqs = freqs / factors
-        rot = np.exp(1j * np.outer(np.arange(T) * scale, freqs))[:, None, :]  # [T, 1, d/2]
+        freqs, mscale = rope_frequencies(d, base, scale, factors, yarn)
+        rot = mscale * np.exp(1j * np.outer(np.arange(T), freqs))[:, None, :]  # [T, 1, d/2]
         if neox:
             z = (x[..., : d // 2] + 1j * x[..., d // 2 :]) * rot
             return np.concatenate([z.real, z.imag], axis=-1)
@@ -67,6 +68,16 @@ class ReferenceModel:
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         return np.einsum("htj,jhd->thd", p, v).reshape(T, H * d)
+
+    def yarn(self):
+        """The file's YaRN scaling (rope.scaling.type "yarn"), or None."""
+        if self.m("rope.scaling.type") != "yarn":
+            return None
+        return Yarn(factor=self.m("rope.scaling.factor"),
+                    orig_ctx=self.m("rope.scaling.original_context_length", self.m("context_length")),
+                    beta_fast=self.m("rope.scaling.yarn_beta_fast", 32.0),
+                    beta_slow=self.m("rope.scaling.yarn_beta_slow", 1.0),
+                    attn_factor=self.m("rope.scaling.attn_factor", 1.0))
 
     def output(self, x):
         x = self.norm(x, "output_norm.weight")
@@ -108,6 +119,7 @@ class ReferenceModel:
         neox = self.arch in ("qwen2", "qwen3")  # llama / mistral: interleaved pairs
         scale = 1.0 / self.m("rope.scaling.factor", 1.0) if self.m("rope.scaling.type") == "linear" else 1.0
         factors = self.w.get("rope_freqs.weight")
+        yarn = self.yarn()
         x = self.w["token_embd.weight"][tokens]
         T = len(tokens)
         for il in range(self.m("block_count")):
@@ -118,8 +130,8 @@ class ReferenceModel:
             q, k, v = q.reshape(T, H, d), k.reshape(T, KVH, d), v.reshape(T, KVH, d)
             if p + "attn_q_norm.weight" in self.w:
                 q, k = self.norm(q, p + "attn_q_norm.weight"), self.norm(k, p + "attn_k_norm.weight")
-            q = self.rope(q, self.m("rope.freq_base"), neox, scale, factors)
-            k = self.rope(k, self.m("rope.freq_base"), neox, scale, factors)
+            q = self.rope(q, self.m("rope.freq_base"), neox, scale, factors, yarn)
+            k = self.rope(k, self.m("rope.freq_base"), neox, scale, factors, yarn)
             x = x + self.attend(q, k, v, 1 / math.sqrt(d)) @ self.w[p + "attn_output.weight"].T
             h = self.norm(x, p + "ffn_norm.weight")
             g = h @ self.w[p + "ffn_gate.weight"].T

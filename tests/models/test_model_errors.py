@@ -58,9 +58,27 @@ def test_missing_embeddings(tmp_path):
 
 
 def test_unsupported_rope_scaling(tmp_path):
-    scaling = {"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)}
+    scaling = {"llama.rope.scaling.type": ("longrope", gguf.GGUFValueType.STRING)}
     path = write_tiny_model(tmp_path / "m.gguf", "llama", extra_kv=scaling)
-    with pytest.raises(ModelError, match=r"rope\.scaling\.type.*'yarn'.*supported: none, linear, llama3"):
+    with pytest.raises(ModelError, match=r"rope\.scaling\.type.*'longrope'.*supported: none, linear, llama3, yarn"):
+        _load(path)
+    # YaRN only where the architecture builds it (llama, qwen2, qwen3, phi3, gpt-oss)
+    scaling = {"gemma3.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)}
+    path = write_tiny_model(tmp_path / "g.gguf", "gemma3", extra_kv=scaling)
+    with pytest.raises(ModelError, match=r"rope\.scaling\.type.*'yarn'.*supported: none, linear, llama3$"):
+        _load(path)
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("rope.scaling.original_context_length", (0, gguf.GGUFValueType.UINT32), r"must be in \[1, "),
+    ("rope.scaling.attn_factor", (float("nan"), gguf.GGUFValueType.FLOAT32), "must be finite and > 0"),
+    ("rope.scaling.yarn_beta_fast", (-1.0, gguf.GGUFValueType.FLOAT32), "must be finite and > 0"),
+    ("rope.scaling.yarn_log_multiplier", (0.1, gguf.GGUFValueType.FLOAT32), "DeepSeek"),
+])
+def test_bad_yarn_metadata(tmp_path, key, value, why):
+    kv = {"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING), f"llama.{key}": value}
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", extra_kv=kv)
+    with pytest.raises(ModelError, match=rf"llama\.{key} = .*{why}"):
         _load(path)
 
 

@@ -2,7 +2,7 @@
 and mixed batches on each backend (tests/models/tiny_checks.py), plus what each variant loaded.
 
 Variants: Gemma 3 (6 layers: 5 sliding-window + 1 global, and without a window); Llama (plain,
-linear RoPE scaling with tied output, Llama 3 rope_freqs, the mistral alias); Phi-3 (fused attn_qkv
+linear RoPE scaling with tied output, Llama 3 rope_freqs, the mistral alias, YaRN); Phi-3 (fused attn_qkv
 and gate|up ffn_up); Qwen2 (q/k/v biases, tied output); Qwen3 (per-head q/k RMS norms, head_dim
 32 ≠ n_embd / n_heads).
 """
@@ -27,6 +27,8 @@ def _llama_loaded(model, gf):
         assert rope.freq_factors is not None and rope.freq_factors.shape == (8,)
     if model.hparams.rope_scaling == "linear":
         assert rope.freq_scale == 0.5 and model.output is model.token_embd
+    if model.hparams.rope_scaling == "yarn":
+        assert (rope.freq_scale, rope.ext_factor, rope.orig_ctx) == (0.25, 1.0, 64)
 
 
 def _phi3_loaded(model, gf):
@@ -56,6 +58,7 @@ VARIANTS = {
     "llama-linear_tied": ("llama", dict(rope_scaling="linear", tied=True), _llama_loaded),
     "llama-rope_freqs": ("llama", dict(rope_freqs=True), _llama_loaded),
     "llama-mistral": ("llama", dict(arch_name="mistral"), _llama_loaded),
+    "llama-yarn": ("llama", dict(rope_scaling="yarn"), _llama_loaded),
     "phi3": ("phi3", {}, _phi3_loaded),
     "qwen2": ("qwen2", {}, _qwen2_loaded),
     "qwen3": ("qwen3", {}, _qwen3_loaded),
@@ -114,3 +117,12 @@ def test_gemma3_sliding_window_matters(tmp_path):
     windowed, full = (TinyCase(write_tiny_model(tmp_path / f"w{w}.gguf", "gemma3", sliding_window=w))
                       for w in (4, 0))
     assert np.abs(full.ref_logits[-1] - windowed.ref_logits[-1]).max() > 1e-3
+
+
+def test_yarn_matters(tmp_path):
+    """YaRN's ramp and its cos/sin scale move the logits (the reference honours the metadata)."""
+    yarn, linear = (TinyCase(write_tiny_model(tmp_path / f"{s}.gguf", "llama", rope_scaling=s))
+                    for s in ("yarn", "linear"))
+    plain = TinyCase(write_tiny_model(tmp_path / "none.gguf", "llama"))
+    for other in (linear, plain):
+        assert np.abs(yarn.ref_logits[-1] - other.ref_logits[-1]).max() > 1e-3

@@ -133,13 +133,17 @@ def check_rms_norm(n: int, d: int, seed: int = 0) -> None:
     np.testing.assert_allclose(got, cpu.rms_norm(x, wt, 1e-6), rtol=2e-6, atol=1e-6)
 
 
-def check_rope(n: int, heads: int, hd: int, dim: int, neox: bool, factors: bool, seed: int = 0) -> None:
+def check_rope(n: int, heads: int, hd: int, dim: int, neox: bool, factors: bool, seed: int = 0,
+               yarn: bool = False) -> None:
     o = ops()
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, heads, hd)).astype(np.float32)
     pos = rng.integers(0, 5000, n).astype(np.int32)
     ff = (1.0 + rng.random(dim // 2)).astype(np.float32) if factors else None
     p = RopeParams(dim=dim, freq_base=10000.0, neox=neox, freq_scale=0.5 if factors else 1.0, freq_factors=ff)
+    if yarn:  # gpt-oss's YaRN (factor 32, 4096 original positions): ramp-mixed angles and mscale
+        p = RopeParams(dim=dim, freq_base=150000.0, neox=neox, freq_scale=1 / 32, freq_factors=ff,
+                       ext_factor=1.0, orig_ctx=4096)
     got = o.to_host(o.rope(o.upload(x), o.upload(pos), p))
     # cos/sin of angles up to ~5000 rad: float32 libm results differ by an ulp of the angle's size
     np.testing.assert_allclose(got, cpu.rope(x, pos, p), rtol=0, atol=1e-4)

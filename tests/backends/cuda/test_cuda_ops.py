@@ -31,18 +31,24 @@ def test_rope(neox, dim, factors):
     check_rope(n=3, heads=2, hd=16, dim=dim, neox=neox, factors=factors)
 
 
-def test_rope_uploads_freq_factors_once():
+def test_rope_uploads_its_table_once():
     o = ops()
     from edged.backends.base import RopeParams
-    from edged.backends.cuda import norm_rope
 
     ff = np.ones(4, np.float32)
     p = RopeParams(dim=8, freq_base=10000.0, neox=True, freq_factors=ff)
     x = o.upload(np.ones((1, 1, 8), np.float32))
     o.rope(x, np.zeros(1, np.int32), p)
-    dev = norm_rope._FACTORS[id(ff)][1]
+    dev = p.__dict__["_device_table"][1]
     o.rope(x, np.zeros(1, np.int32), p)
-    assert norm_rope._FACTORS[id(ff)][1] is dev
+    assert p.__dict__["_device_table"][1] is dev
+    p.freq_factors = np.full(4, 2.0, np.float32)  # a changed field rebuilds the table
+    o.rope(x, np.zeros(1, np.int32), p)
+    assert p.__dict__["_device_table"][1] is not dev
+
+
+def test_rope_yarn():
+    check_rope(n=3, heads=2, hd=16, dim=16, neox=True, factors=False, yarn=True)
 
 
 def test_elementwise_and_copies():
