@@ -9,6 +9,7 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     rms_norm(x [n, d], weight [d], eps) -> [n, d]   (q/k norms: x reshaped to [n*heads, head_dim])
     rope(x [n, heads, hd], positions int32 [n], rope: RopeParams) -> [n, heads, hd]
     gelu_tanh_mul(gate [n, f], up [n, f]) -> [n, f];  silu_mul(gate, up) -> [n, f]
+    swiglu_oai_mul(gate, up) -> [n, f]   (gpt-oss's clamped SwiGLU; CPU backend only)
     store_kv(kv: LayerKV, k [n, kvh, hd], v [n, kvh, hd], slot_mapping int32 [n]) -> None
     attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap, sinks) -> [n, h, hd]
         (sinks float32 [h] or None: a per-head logit in the softmax denominator only, gpt-oss)

@@ -1,6 +1,6 @@
 """CPU backend: Numba kernels behind the op set of edged.backends.base.
 
-    matmul, embed, rms_norm, rope, gelu_tanh_mul, silu_mul, softcap, add, scale,
+    matmul, embed, rms_norm, rope, gelu_tanh_mul, silu_mul, swiglu_oai_mul, softcap, add, scale,
     store_kv, attention, allocate_kv,
     upload, to_host, upload_matrix, prepare_batch, take_rows, slice_cols   (host.py: placement)
 
@@ -8,7 +8,7 @@ Note: the function `attention` shadows the submodule of the same name as a packa
 reach kernel internals with `from edged.backends.cpu.attention import ...`.
 """
 
-from edged.backends.cpu.activations import add, gelu_tanh_mul, scale, silu_mul, softcap
+from edged.backends.cpu.activations import add, gelu_tanh_mul, scale, silu_mul, softcap, swiglu_oai_mul
 from edged.backends.cpu.attention import allocate_kv, attention, store_kv
 from edged.backends.cpu.embed import embed
 from edged.backends.cpu.host import prepare_batch, slice_cols, take_rows, to_host, upload, upload_matrix
@@ -17,6 +17,6 @@ from edged.backends.cpu.norm_rope import rms_norm, rope
 
 __all__ = [
     "add", "allocate_kv", "attention", "embed", "gelu_tanh_mul", "matmul", "prepare_batch", "rms_norm",
-    "rope", "scale", "silu_mul", "slice_cols", "softcap", "store_kv", "take_rows", "to_host", "upload",
-    "upload_matrix",
+    "rope", "scale", "silu_mul", "slice_cols", "softcap", "store_kv", "swiglu_oai_mul", "take_rows", "to_host",
+    "upload", "upload_matrix",
 ]

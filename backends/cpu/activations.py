@@ -104,6 +104,16 @@ def _silu_mul_rows(gate, up, out):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
+def _swiglu_oai_rows(gate, up, alpha, limit, out):
+    n, f = gate.shape
+    for r in nb.prange(n):
+        for i in range(f):
+            x = min(gate[r, i], limit)  # the gate is clamped from above only
+            y = min(max(up[r, i], -limit), limit)
+            out[r, i] = x / (_ONE + np.float32(math.exp(alpha * -x))) * (y + _ONE)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
 def _softcap_rows(x, cap, out):
     n, f = x.shape
     inv = _ONE / cap
@@ -147,6 +157,19 @@ def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) ->
     """SwiGLU: silu(gate) * up with silu(x) = x / (1 + exp(-x)); float32 [n, f] -> [n, f]."""
     gate, up, out = _pair(gate, up, out, "silu_mul")
     _silu_mul_rows(gate, up, out)
+    return out
+
+
+SWIGLU_OAI_ALPHA = 1.702  # gpt-oss's (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants)
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def swiglu_oai_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None,
+                   alpha: float = SWIGLU_OAI_ALPHA, limit: float = SWIGLU_OAI_LIMIT) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU (ggml_swiglu_oai): x = min(gate, limit), y = clamp(up, -limit, limit),
+    x * sigmoid(alpha x) * (y + 1); gate/up float32 [n, f] -> [n, f]."""
+    gate, up, out = _pair(gate, up, out, "swiglu_oai_mul")
+    _swiglu_oai_rows(gate, up, np.float32(alpha), np.float32(limit), out)
     return out
 
 

@@ -83,6 +83,12 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
 
 
+def swiglu_oai_mul(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, -limit, limit) + 1) (gpt-oss)."""
+    x = np.minimum(gate.astype(np.float64), limit)
+    return (x / (1.0 + np.exp(-alpha * x)) * (np.clip(up.astype(np.float64), -limit, limit) + 1.0)).astype(np.float32)
+
+
 def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     """cap * tanh(x / cap)."""
     return (cap * np.tanh(x.astype(np.float64) / cap)).astype(np.float32)
