@@ -36,3 +36,21 @@ class QTensor:
             view = self.data.reshape(self.n_rows, row_bytes(self.qtype, self.n_cols))
             object.__setattr__(self, "_rows", view)  # a cache, not a field: eq and repr ignore it
         return view
+
+    def slab(self, e: int) -> "QTensor":
+        """Expert e of a stacked 3-D tensor [n_expert, rows, cols] (GGUF's ffn_*_exps) as a 2-D
+        QTensor [rows, cols]: a zero-copy view of its bytes, which matmul takes like any weight."""
+        return self.slabs()[e]
+
+    def slabs(self) -> tuple:
+        """Every expert's slab (made once: each MoE step asks for several)."""
+        views = self.__dict__.get("_slabs")
+        if views is None:
+            if len(self.shape) != 3:
+                raise ValueError(f"tensor {self.name!r}: slabs need a 3-D [n_expert, rows, cols] tensor, "
+                                 f"got shape {self.shape}")
+            n, r, c = self.shape
+            per = self.data.reshape(n, -1)  # uint8 [n_expert, rows * row_bytes]
+            views = tuple(QTensor(f"{self.name}[{e}]", self.qtype, (r, c), per[e]) for e in range(n))
+            object.__setattr__(self, "_slabs", views)
+        return views
