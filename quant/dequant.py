@@ -4,11 +4,16 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.quant.float import dequantize_bf16, dequantize_f16, dequantize_f32
+from edged.quant.iq1 import dequantize_iq1_m, dequantize_iq1_s
+from edged.quant.iq2 import dequantize_iq2_s, dequantize_iq2_xs, dequantize_iq2_xxs
+from edged.quant.iq3 import dequantize_iq3_s, dequantize_iq3_xxs
 from edged.quant.iquants import dequantize_iq4_nl, dequantize_iq4_xs
 from edged.quant.kquants import dequantize_q2_k, dequantize_q3_k, dequantize_q4_k, dequantize_q5_k, dequantize_q6_k
 from edged.quant.q4_q5 import dequantize_q4_0, dequantize_q4_1, dequantize_q5_0, dequantize_q5_1
+from edged.quant.mxfp4 import dequantize_mxfp4
 from edged.quant.q8 import dequantize_q8_0
 from edged.quant.tensor import QTensor
+from edged.quant.ternary import dequantize_tq1_0, dequantize_tq2_0
 from edged.quant.types import SUPPORTED_TYPES, row_bytes, traits
 
 # qtype -> Numba kernel (raw uint8 [n_rows, row_bytes] read-only C-contiguous,
@@ -29,6 +34,16 @@ DEQUANTIZERS = {
     T.Q6_K: dequantize_q6_k,
     T.IQ4_NL: dequantize_iq4_nl,
     T.IQ4_XS: dequantize_iq4_xs,
+    T.IQ2_XXS: dequantize_iq2_xxs,
+    T.IQ2_XS: dequantize_iq2_xs,
+    T.IQ2_S: dequantize_iq2_s,
+    T.IQ3_XXS: dequantize_iq3_xxs,
+    T.IQ3_S: dequantize_iq3_s,
+    T.IQ1_S: dequantize_iq1_s,
+    T.IQ1_M: dequantize_iq1_m,
+    T.TQ1_0: dequantize_tq1_0,
+    T.TQ2_0: dequantize_tq2_0,
+    T.MXFP4: dequantize_mxfp4,
 }
 assert set(DEQUANTIZERS) == set(SUPPORTED_TYPES), "every supported type needs a dequantizer"
 

@@ -32,6 +32,17 @@ TYPE_TRAITS: dict[T, TypeTraits] = {
         TypeTraits(T.Q6_K, 256, 210, "q8_32"),
         TypeTraits(T.IQ4_NL, 32, 18, "q8_32"),
         TypeTraits(T.IQ4_XS, 256, 136, "q8_32"),
+        # low-bit types (quant/iq_grids.py has their layouts and tables)
+        TypeTraits(T.IQ2_XXS, 256, 66, "q8_32"),
+        TypeTraits(T.IQ2_XS, 256, 74, "q8_32"),
+        TypeTraits(T.IQ2_S, 256, 82, "q8_32"),
+        TypeTraits(T.IQ3_XXS, 256, 98, "q8_32"),
+        TypeTraits(T.IQ3_S, 256, 110, "q8_32"),
+        TypeTraits(T.IQ1_S, 256, 50, "q8_32"),
+        TypeTraits(T.IQ1_M, 256, 56, "q8_32"),
+        TypeTraits(T.TQ1_0, 256, 54, "q8_32"),
+        TypeTraits(T.TQ2_0, 256, 66, "q8_32"),
+        TypeTraits(T.MXFP4, 32, 17, "q8_32"),
     )
 }
 

@@ -9,7 +9,7 @@ from edged.quant.dequant import DEQUANTIZERS, dequantize_rows
 from edged.quant.tensor import QTensor
 from edged.quant.types import SUPPORTED_TYPES, traits
 from tests.helpers.model import default_model_path
-from edged.quant.synth import _F16_FIELDS
+from edged.quant.synth import F16_SCALED, set_e8m0_scale, set_f16_scale
 from tests.helpers.qdata import random_qtensor, reference_dequantize
 
 
@@ -35,7 +35,7 @@ def assert_bits_equal(a: np.ndarray, b: np.ndarray):
 
 def test_table_covers_supported_types():
     assert set(DEQUANTIZERS) == set(SUPPORTED_TYPES)
-    assert len(SUPPORTED_TYPES) == 15
+    assert len(SUPPORTED_TYPES) == 25
 
 
 @pytest.mark.parametrize("qtype,shape", CASES, ids=[f"{t.name}-{r}x{c}" for t, (r, c) in CASES])
@@ -64,18 +64,65 @@ def test_f32_special_values():
     assert out.view(np.uint32).reshape(-1).tolist() == bits.tolist()
 
 
-@pytest.mark.parametrize("qtype", [t for t in SUPPORTED_TYPES if traits(t).block_size > 1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", F16_SCALED, ids=lambda t: t.name)
 def test_special_fp16_scales(qtype):
     # scale fields set to -0, a subnormal, the largest fp16, inf and NaN: same result as gguf-py
     w = random_qtensor(qtype, 5, traits(qtype).block_size, seed=3)
     blocks = w.data.reshape(5, -1).copy()
-    specials = np.array([0x8000, 0x0001, 0x7BFF, 0x7C00, 0x7E01], dtype=np.uint16).view(np.uint8).reshape(5, 2)
-    off = _F16_FIELDS[qtype][0]
-    blocks[:, off : off + 2] = specials
+    set_f16_scale(qtype, blocks, np.array([0x8000, 0x0001, 0x7BFF, 0x7C00, 0x7E01], dtype=np.uint16))
     w = QTensor("s", qtype, w.shape, blocks.reshape(-1))
     with np.errstate(invalid="ignore"):  # gguf-py computes inf * 0
         ref = reference_dequantize(w)
     np.testing.assert_array_equal(dequantize(w), ref)  # NaN == NaN here
+
+
+def test_block_scaled_types_all_have_a_scale_writer():
+    # every block type but MXFP4 (an E8M0 exponent byte) has an fp16 scale the tests can set
+    assert set(F16_SCALED) | {T.MXFP4} == {t for t in SUPPORTED_TYPES if traits(t).block_size > 1}
+
+
+def test_mxfp4_e8m0_edge_exponents():
+    # e = 0 and 1 decode to float32 subnormals, 254 and 255 to 2^126 and 2^127 (x12 overflows to inf)
+    w = random_qtensor(T.MXFP4, 8, 64, seed=4)
+    blocks = w.data.reshape(16, -1).copy()
+    set_e8m0_scale(T.MXFP4, blocks, np.array([0, 1, 2, 127, 128, 200, 254, 255] * 2, dtype=np.uint8))
+    w = QTensor("e", T.MXFP4, w.shape, blocks.reshape(-1))
+    with np.errstate(over="ignore"):
+        ref = reference_dequantize(w)
+    assert_bits_equal(dequantize(w), ref)
+    assert np.isinf(ref).any() and ((ref != 0) & (np.abs(ref) < np.finfo(np.float32).tiny)).any()
+
+
+LOW_BIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4]
+
+
+@pytest.mark.parametrize("fill", [0x00, 0xFF, 0x55, 0xAA], ids=lambda f: f"{f:#04x}")
+@pytest.mark.parametrize("qtype", LOW_BIT, ids=lambda t: t.name)
+def test_low_bit_edge_blocks(qtype, fill):
+    # every index/sign/scale bit equal: all-zero blocks (zero scale too), max indices and all signs set
+    # (0xFF), alternating bits; then the same quant bits under a positive and a negative scale
+    bs, ts = traits(qtype).block_size, traits(qtype).type_size
+    blocks = np.full((4, ts), fill, dtype=np.uint8)
+    cases = [blocks.copy()]
+    if fill:
+        for sign in (1, -1):
+            b = blocks.copy()
+            if qtype == T.MXFP4:
+                set_e8m0_scale(qtype, b, np.array([120, 121, 122, 123], dtype=np.uint8))
+            else:
+                set_f16_scale(qtype, b, (sign * np.array([0.01, 0.02, 0.5, 3.0])).astype(np.float16).view(np.uint16))
+            cases.append(b)
+    for b in cases:
+        w = QTensor("edge", qtype, (4, bs), b.reshape(-1))
+        out = dequantize(w)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ref = reference_dequantize(w)
+        if np.isnan(ref).any():  # 0xFF as the scale is a NaN: values agree, a NaN's sign bit may not
+            np.testing.assert_array_equal(out, ref)
+        else:
+            assert_bits_equal(out, ref)
+        if fill == 0 and qtype != T.MXFP4:
+            assert not out.any()  # a zero scale zeroes the block (MXFP4's e = 0 is 2^-128, not zero)
 
 
 def test_row_selection():
