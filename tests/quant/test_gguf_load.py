@@ -165,6 +165,30 @@ def test_writer_round_trip(tmp_path, alignment):
         assert got.data.ctypes.data % gf.alignment == 0
 
 
+def test_low_bit_tensors_load(tmp_path):
+    # an IQ2_XXS weight and MXFP4 experts stacked 3-D (gpt-oss's ffn_*_exps layout) written by gguf-py
+    from edged.quant import dequantize
+    from tests.helpers.qdata import reference_dequantize
+
+    iq2 = random_qtensor(T.IQ2_XXS, 4, 512, seed=1, name="blk.0.attn_q.weight")
+    mx = random_qtensor(T.MXFP4, 2 * 3, 64, seed=2, name="blk.0.ffn_up_exps.weight")
+    p = tmp_path / "lowbit.gguf"
+    w = GGUFWriter(p, "llama")
+    w.add_tensor(iq2.name, iq2.rows(), raw_dtype=T.IQ2_XXS)  # uint8 [4, 132]: the writer derives [4, 512]
+    w.add_tensor(mx.name, mx.rows().reshape(2, 3, -1), raw_dtype=T.MXFP4)  # uint8 [2, 3, 34] -> [2, 3, 64]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with load_gguf(p) as gf:
+        got_iq2, got_mx = gf.tensors[iq2.name], gf.tensors[mx.name]
+        assert got_iq2.qtype == T.IQ2_XXS and got_iq2.shape == (4, 512)
+        assert got_mx.qtype == T.MXFP4 and got_mx.shape == (2, 3, 64)
+        assert np.array_equal(got_iq2.data, iq2.data) and np.array_equal(got_mx.data, mx.data)
+        np.testing.assert_array_equal(dequantize(got_iq2), reference_dequantize(iq2))
+        np.testing.assert_array_equal(dequantize(got_mx.slab(1)), reference_dequantize(mx)[3:6])
+
+
 def test_empty_arrays_and_no_tensors(tmp_path):
     # GGUFWriter refuses empty arrays, so this file is built byte by byte.
     kvs = [
