@@ -6,7 +6,7 @@ places):
     h = rms_norm(x, attn_norm)
     q, k, v = h @ Wq, h @ Wk, h @ Wv        (or one fused Wqkv; optional biases)
     q, k = rms_norm per head (optional q/k norms); rope(q), rope(k)    (per-layer RoPE params)
-    store k, v in the paged cache; o = attention(q, cache, scale, window) @ Wo
+    store k, v in the paged cache; o = attention(q, cache, scale, window, softcap) @ Wo
     o = rms_norm(o, post_attn_norm)          (optional: Gemma's sandwich norm)
     x = x + o
     h = rms_norm(x, ffn_norm)
@@ -89,6 +89,7 @@ class DecoderModel:
         ffn_act: str,
         embed_scale: float | None = None,
         final_softcap: float = 0.0,
+        attn_softcap: float = 0.0,
     ):
         if ffn_act not in ("silu", "gelu_tanh"):
             raise ModelError(f"unknown FFN activation {ffn_act!r}")
@@ -103,6 +104,7 @@ class DecoderModel:
         # llama.cpp multiplies the embeddings by a float32 scalar (Gemma: sqrtf(n_embd))
         self.embed_scale = None if embed_scale is None else np.float32(embed_scale)
         self.final_softcap = float(final_softcap)
+        self.attn_softcap = float(attn_softcap)  # Gemma 2: cap * tanh(q.k * scale / cap) before softmax
         self.host_ops = ops
         self.check_backend(ops)
         self.place([ops] * len(layers), ops)
@@ -310,7 +312,7 @@ class DecoderModel:
         q = ops.rope(q.reshape(n, nh, hd), batch.positions, lw.rope)  # [n, nh, hd]
         k = ops.rope(k.reshape(n, nkv, hd), batch.positions, lw.rope)  # [n, nkv, hd]
         ops.store_kv(kv, k, v.reshape(n, nkv, hd), batch.slot_mapping)
-        return ops.attention(q, kv, batch, self.attn_scale, lw.window, 0.0)
+        return ops.attention(q, kv, batch, self.attn_scale, lw.window, self.attn_softcap)
 
     def _ffn(self, ops, f: FeedForwardWeights, h):
         if f.gate is None:

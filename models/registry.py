@@ -6,6 +6,7 @@ from edged.models.errors import ModelError
 
 # architecture name → module under edged.models (each defines ARCH and load(gf, ops))
 ARCHITECTURES = {
+    "gemma2": "gemma2",
     "gemma3": "gemma3",
     "llama": "llama",
     "qwen2": "qwen2",

@@ -1,8 +1,9 @@
 """Tiny random GGUF models, one per supported architecture, written with gguf.GGUFWriter.
 
 Realistic metadata (the keys real converters write), weights in a mix of types (F32, F16, Q8_0,
-Q5_0, Q4_0, Q4_K, Q6_K) and a minimal tokenizer vocabulary (SentencePiece-style for gemma3 / llama /
-phi3, byte-level BPE for qwen2 / qwen3) so CLI tests can use the files too.
+Q5_0, Q4_0, Q4_K, Q6_K) and a minimal tokenizer vocabulary (SentencePiece-style for gemma3 / gemma2 /
+llama / phi3, byte-level BPE for qwen2 / qwen3) so CLI tests can use the files too. gemma2 also has
+Gemma's turn tokens and its real chat template, as converted Gemma 2 files do.
 
     path = write_tiny_model(tmp_path / "m.gguf", "gemma3", sliding_window=4)
 """
@@ -18,7 +19,7 @@ from gguf.quants import quantize
 from edged.quant.types import row_bytes
 from tests.helpers.qdata import random_qtensor
 
-ARCHS = ("gemma3", "llama", "qwen2", "qwen3", "phi3")
+ARCHS = ("gemma3", "gemma2", "llama", "qwen2", "qwen3", "phi3")
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TinySpec:
     write_key_length: bool = False
     extra_kv: dict = field(default_factory=dict)
     added_tokens: tuple = ()  # BPE only: USER_DEFINED tokens (e.g. "<tool_call>") in the last padding slots
+    attn_softcap: float | None = None  # <arch>.attn_logit_softcapping, written when set (gemma2)
+    final_softcap: float | None = None  # <arch>.final_logit_softcapping
 
 
 def default_spec(arch: str, **overrides) -> TinySpec:
@@ -50,6 +53,9 @@ def default_spec(arch: str, **overrides) -> TinySpec:
     base = {
         "gemma3": dict(n_layers=6, head_dim=32, write_key_length=True, sliding_window=4,
                        rope_base=1000000.0),
+        # caps low enough that the tiny random logits reach them (real files: 50 and 30)
+        "gemma2": dict(n_layers=4, head_dim=32, write_key_length=True, sliding_window=4,
+                       attn_softcap=0.5, final_softcap=1.0),
         "llama": dict(eps=1e-5, tied=False),
         "qwen2": dict(rope_base=1000000.0),
         "qwen3": dict(head_dim=32, write_key_length=True, rope_base=1000000.0, tied=False),
@@ -110,7 +116,7 @@ def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
         if a in ("gemma3", "qwen3"):
             t[f"{p}.attn_q_norm.weight"] = (_norm(rng, hd), None)
             t[f"{p}.attn_k_norm.weight"] = (_norm(rng, hd), None)
-        if a == "gemma3":
+        if a in ("gemma3", "gemma2"):
             t[f"{p}.post_attention_norm.weight"] = (_norm(rng, e), None)
             t[f"{p}.post_ffw_norm.weight"] = (_norm(rng, e), None)
         t[f"{p}.ffn_norm.weight"] = (_norm(rng, e), None)
@@ -130,8 +136,21 @@ _SPM_PIECES = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁the", "▁of", "▁and"
                "▁it", "▁a", "▁capital", "▁France", "▁Paris", "."]
 
 
-def _spm_vocab(n: int, gemma: bool):
+# tokenizer.chat_template of the Gemma 2 instruct models (google/gemma-2-*-it tokenizer_config.json)
+GEMMA2_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}"
+)
+
+
+def _spm_vocab(n: int, gemma: bool, turns: bool = False):
     specials = ["<pad>", "<eos>", "<bos>", "<unk>"] if gemma else ["<unk>", "<s>", "</s>"]
+    if turns:  # CONTROL tokens, as the converter marks them (ids 106, 107 in the real vocabulary)
+        specials += ["<start_of_turn>", "<end_of_turn>"]
     tokens = list(specials)
     types = [3] * len(specials)  # CONTROL
     types[specials.index("<unk>")] = 2  # UNKNOWN
@@ -198,9 +217,13 @@ def _write_tokenizer(wr: gguf.GGUFWriter, spec: TinySpec) -> None:
         wr.add_token_merges(merges)
         wr.add_add_bos_token(False)
     else:
-        tokens, scores, types, ids = _spm_vocab(spec.vocab, gemma=spec.arch == "gemma3")
+        tokens, scores, types, ids = _spm_vocab(spec.vocab, gemma=spec.arch in ("gemma3", "gemma2"),
+                                                turns=spec.arch == "gemma2")
         wr.add_tokenizer_model("llama")
         wr.add_tokenizer_pre("default")
+        if spec.arch == "gemma2":  # what convert_hf_to_gguf writes for Gemma 2
+            wr.add_add_space_prefix(False)
+            wr.add_chat_template(GEMMA2_CHAT_TEMPLATE)
         wr.add_token_list(tokens)
         wr.add_token_scores(scores)
         wr.add_token_types(types)
@@ -254,6 +277,10 @@ def write_tiny_model(path, arch: str, *, seed: int = 0, omit: tuple = (), reshap
         wr.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         wr.add_rope_scaling_factor(4.0)
         wr.add_rope_scaling_orig_ctx_len(64)
+    if spec.attn_softcap is not None:
+        wr.add_attn_logit_softcapping(spec.attn_softcap)
+    if spec.final_softcap is not None:
+        wr.add_final_logit_softcapping(spec.final_softcap)
     _write_tokenizer(wr, spec)
     for k, v in spec.extra_kv.items():  # last: they may replace any key written above
         wr.add_key_value(k, v[0], v[1])

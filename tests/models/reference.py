@@ -31,7 +31,7 @@ class ReferenceModel:
 
     def logits(self, tokens) -> np.ndarray:
         """Logits of every position of one sequence starting at position 0: [len(tokens), vocab]."""
-        fwd = {"gemma3": self._gemma3, "llama": self._llama, "mistral": self._llama,
+        fwd = {"gemma3": self._gemma3, "gemma2": self._gemma2, "llama": self._llama, "mistral": self._llama,
                "qwen2": self._llama, "qwen3": self._llama, "phi3": self._phi3}[self.arch]
         return fwd(np.asarray(tokens))
 
@@ -56,12 +56,14 @@ class ReferenceModel:
         return out
 
     @staticmethod
-    def attend(q, k, v, scale, window=0):
+    def attend(q, k, v, scale, window=0, softcap=0.0):
         """Dense causal GQA attention: q [T, H, d], k/v [T, KVH, d] -> [T, H*d]."""
         T, H, d = q.shape
         rep = H // k.shape[1]
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
         s = np.einsum("thd,jhd->htj", q, k) * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
         mask = (j <= i) & ((i - j < window) if window else True)
         s = np.where(mask[None], s, -np.inf)
@@ -112,6 +114,28 @@ class ReferenceModel:
             f = (gelu * (h @ self.w[p + "ffn_up.weight"].T)) @ self.w[p + "ffn_down.weight"].T
             x = x + self.norm(f, p + "post_ffw_norm.weight")
         return self.output(x)
+
+    def _gemma2(self, tokens):
+        """Gemma 3's block without q/k norms; even layers local; one RoPE; both logit softcaps."""
+        H, KVH, d = self._heads()
+        n_embd, window = self.m("embedding_length"), self.m("attention.sliding_window", 4096)
+        attn_cap, final_cap = self.m("attn_logit_softcapping", 50.0), self.m("final_logit_softcapping", 30.0)
+        x = self.w["token_embd.weight"][tokens] * math.sqrt(n_embd)
+        T = len(tokens)
+        for il in range(self.m("block_count")):
+            p = f"blk.{il}."
+            h = self.norm(x, p + "attn_norm.weight")
+            q = self.rope((h @ self.w[p + "attn_q.weight"].T).reshape(T, H, d), self.m("rope.freq_base"), True)
+            k = self.rope((h @ self.w[p + "attn_k.weight"].T).reshape(T, KVH, d), self.m("rope.freq_base"), True)
+            v = (h @ self.w[p + "attn_v.weight"].T).reshape(T, KVH, d)
+            o = self.attend(q, k, v, 1 / math.sqrt(d), window if il % 2 == 0 else 0, attn_cap)
+            x = x + self.norm(o @ self.w[p + "attn_output.weight"].T, p + "post_attention_norm.weight")
+            h = self.norm(x, p + "ffn_norm.weight")
+            g = h @ self.w[p + "ffn_gate.weight"].T
+            gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+            f = (gelu * (h @ self.w[p + "ffn_up.weight"].T)) @ self.w[p + "ffn_down.weight"].T
+            x = x + self.norm(f, p + "post_ffw_norm.weight")
+        return final_cap * np.tanh(self.output(x) / final_cap)
 
     def _llama(self, tokens):
         """llama / qwen2 (biases) / qwen3 (q/k norms): pre-norm, SiLU gated FFN."""

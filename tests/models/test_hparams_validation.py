@@ -59,6 +59,9 @@ def _cases():
     out += [("gemma3", {"attention.sliding_window": (257, V.UINT32)}, "attention.sliding_window")]  # > context
     out += [("gemma3", {"final_logit_softcapping": v}, "final_logit_softcapping")
             for v in _f32(0.0, -1.0, NAN, INF) + [(1e39, V.FLOAT64)]]
+    out += [("gemma2", {"attention.sliding_window": (257, V.UINT32)}, "attention.sliding_window")]
+    out += [("gemma2", {key: v}, key) for key in ("attn_logit_softcapping", "final_logit_softcapping")
+            for v in _f32(0.0, -1.0, NAN, INF, 1e-40) + [(1e39, V.FLOAT64)]]  # 1e-40: 1/cap is inf in float32
     return out
 
 
@@ -125,6 +128,7 @@ def test_good_tiny_models_load_with_finite_logits(tmp_path, arch):
     ("qwen2", {"attention.layer_norm_rms_epsilon": (1e-30, V.FLOAT32)}),
     ("gemma3", {"attention.sliding_window": (0, V.UINT32)}),  # no window
     ("gemma3", {"attention.sliding_window": (256, V.UINT32), "final_logit_softcapping": (30.0, V.FLOAT32)}),
+    ("gemma2", {"attn_logit_softcapping": (1e-37, V.FLOAT32), "final_logit_softcapping": (1e38, V.FLOAT32)}),
     ("phi3", {"attention.sliding_window": (2047, V.UINT32)}),  # > context: phi3 ignores it (llama.cpp)
 ])
 def test_valid_edge_values_load_with_finite_logits(tmp_path, arch, kv):

@@ -1,7 +1,8 @@
 """Tiny models of every architecture against the float64 reference forward: prefill, paged decode
 and mixed batches on each backend (tests/models/tiny_checks.py), plus what each variant loaded.
 
-Variants: Gemma 3 (6 layers: 5 sliding-window + 1 global, and without a window); Llama (plain,
+Variants: Gemma 3 (6 layers: 5 sliding-window + 1 global, and without a window); Gemma 2 (4 layers
+alternating sliding-window and global, attention and final logit softcaps); Llama (plain,
 linear RoPE scaling with tied output, Llama 3 rope_freqs, the mistral alias, YaRN); Phi-3 (fused attn_qkv
 and gate|up ffn_up); Qwen2 (q/k/v biases, tied output); Qwen3 (per-head q/k RMS norms, head_dim
 32 ≠ n_embd / n_heads).
@@ -18,6 +19,11 @@ from tests.models.tiny_checks import BACKENDS, TinyCase, check, decode, mixed_ba
 def _gemma3_loaded(model, gf):
     windows = [model.layer_window(i) for i in range(6)]
     assert windows == ([4] * 5 + [0] if model.hparams.sliding_window else [0] * 6)
+
+
+def _gemma2_loaded(model, gf):
+    assert [model.layer_window(i) for i in range(4)] == [4, 0, 4, 0]
+    assert (model.attn_softcap, model.final_softcap) == (0.5, 1.0) and model.layers[0].attn.q_norm is None
 
 
 def _llama_loaded(model, gf):
@@ -54,6 +60,7 @@ def _qwen3_loaded(model, gf):
 VARIANTS = {
     "gemma3-window4": ("gemma3", dict(sliding_window=4), _gemma3_loaded),
     "gemma3-no_window": ("gemma3", dict(sliding_window=0), _gemma3_loaded),
+    "gemma2-window4": ("gemma2", {}, _gemma2_loaded),
     "llama-plain": ("llama", {}, _llama_loaded),
     "llama-linear_tied": ("llama", dict(rope_scaling="linear", tied=True), _llama_loaded),
     "llama-rope_freqs": ("llama", dict(rope_freqs=True), _llama_loaded),
