@@ -153,7 +153,9 @@ def constraint_options(plan: ChatPlan, grammars, response: Constraint | None) ->
             if spec.lazy:
                 triggers = [grammars.trigger(t.text, t.at_start) for t in spec.triggers]
     opts: dict = {"triggers": triggers}
-    if constraint is not None and plan.reasoning is not None:
+    # a harmony call may come before (or instead of) the final answer: its grammar waits for its trigger only
+    framed = plan.tools_active and plan.fmt.frames_reasoning
+    if constraint is not None and plan.reasoning is not None and not framed:
         opts.update(start_after=plan.reasoning.end, starts_in_reasoning=plan.starts_in_reasoning,
                     think_opener=plan.reasoning.start)
     return constraint, opts

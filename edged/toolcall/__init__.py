@@ -6,16 +6,16 @@ from .calls import (ParsedMessage, StreamDelta, ToolCall, ToolCallDelta, ToolErr
                     openai_call_id)
 from .base import ToolFormat
 from .constraint import ConstraintSpec, Trigger
-from .detect import FORMATS, GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_ARGS, detect_tool_format
+from .detect import FORMATS, GENERIC, HARMONY, HERMES, LLAMA3, MISTRAL, MISTRAL_ARGS, detect_tool_format
 from .generic import SYSTEM_HINT, tools_system_prompt
-from .reasoning import (THINK, ReasoningSpec, detect_reasoning, opens_in_reasoning,
+from .reasoning import (HARMONY_REASONING, THINK, ReasoningSpec, detect_reasoning, opens_in_reasoning,
                         reasoning_spec, split_reasoning)
 from .stream import OutputParser, parse_output
 from .tools import Function, ToolRequest, parse_tool_request
 
 __all__ = [
-    "ConstraintSpec", "FORMATS", "Function", "GENERIC", "HERMES", "LLAMA3", "MISTRAL",
-    "MISTRAL_ARGS", "OutputParser", "ParsedMessage", "ReasoningSpec", "StreamDelta", "SYSTEM_HINT",
+    "ConstraintSpec", "FORMATS", "Function", "GENERIC", "HARMONY", "HARMONY_REASONING", "HERMES", "LLAMA3",
+    "MISTRAL", "MISTRAL_ARGS", "OutputParser", "ParsedMessage", "ReasoningSpec", "StreamDelta", "SYSTEM_HINT",
     "THINK", "ToolCall", "ToolCallDelta", "ToolError", "ToolFormat", "ToolRequest", "Trigger",
     "detect_reasoning", "detect_tool_format", "openai_call_id", "opens_in_reasoning",
     "parse_output", "parse_tool_request", "reasoning_spec", "split_reasoning",

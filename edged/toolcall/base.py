@@ -16,6 +16,9 @@ class ToolFormat:
     triggers: tuple[str, ...] = ()
     # Literals of the format that are single (special) tokens in the models that use it.
     special_tokens: tuple[str, ...] = ()
+    # The format's own headers frame reasoning, content and calls (harmony): its output is split
+    # by it alone, and a tools grammar starts at its trigger, not after the reasoning.
+    frames_reasoning = False
 
     def new_id(self) -> str:
         return openai_call_id()

@@ -14,10 +14,16 @@ class ReasoningSpec:
 
 
 THINK = ReasoningSpec()
+# gpt-oss's harmony reply (edged/toolcall/harmony.py): the analysis channel is the reasoning, and
+# it is over once the final channel's header has been written (a response_format grammar starts there)
+HARMONY_REASONING = ReasoningSpec(start="<|channel|>analysis<|message|>", end="<|channel|>final<|message|>")
 
 
 def detect_reasoning(template: str | None) -> ReasoningSpec | None:
-    """Qwen 3, QwQ and the DeepSeek-R1 distills write ``</think>`` in their templates."""
+    """Qwen 3, QwQ and the DeepSeek-R1 distills write ``</think>`` in their templates; gpt-oss's
+    (harmony) writes ``<|channel|>``."""
+    if template and "<|channel|>" in template:
+        return HARMONY_REASONING
     if template and THINK.end in template:
         return THINK
     return None
@@ -35,6 +41,8 @@ def opens_in_reasoning(prompt: str, spec: ReasoningSpec | None) -> bool:
     Qwen 3 with thinking on and the newer DeepSeek-R1 templates do."""
     if spec is None:
         return False
+    if spec is HARMONY_REASONING:  # the reply always opens with headers, before any final answer
+        return True
     return prompt.rfind(spec.start) > prompt.rfind(spec.end)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .base import ToolFormat
 from .calls import ParsedMessage, Scan, StreamDelta, ToolCall, ToolCallDelta
-from .reasoning import ReasoningSpec, split_reasoning
+from .harmony import split_harmony
+from .reasoning import HARMONY_REASONING, ReasoningSpec, split_reasoning
 from .tools import ToolRequest
 
 
@@ -21,6 +22,8 @@ class OutputParser:
                  reasoning: ReasoningSpec | None = None, starts_in_reasoning: bool = False):
         active = fmt is not None and request is not None and request.active
         self.fmt = fmt if active else None
+        # harmony: its channels carry reasoning, content and calls (with or without tools)
+        self.channels = reasoning is HARMONY_REASONING or (fmt is not None and fmt.frames_reasoning)
         self.names = request.names if active else None
         self.reasoning = reasoning
         self.starts_in_reasoning = starts_in_reasoning and reasoning is not None
@@ -56,6 +59,9 @@ class OutputParser:
         return self.fmt.new_id() if self.fmt is not None else ""
 
     def _snapshot(self, final: bool) -> tuple[str | None, Scan]:
+        if self.channels:
+            return split_harmony(self.text, final, self.names, calls=self.fmt is not None,
+                                 reasoning=self.reasoning is not None)
         reasoning, rest = None, self.text
         if self.reasoning is not None:
             reasoning, rest = split_reasoning(self.text, self.reasoning,
