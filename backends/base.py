@@ -11,10 +11,12 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     gelu_tanh_mul(gate [n, f], up [n, f]) -> [n, f];  silu_mul(gate, up) -> [n, f]
     swiglu_oai_mul(gate, up) -> [n, f]   (gpt-oss's clamped SwiGLU; CPU backend only)
     store_kv(kv: LayerKV, k [n, kvh, hd], v [n, kvh, hd], slot_mapping int32 [n]) -> None
+        (rows converted to the cache's KV type: f16 round-to-nearest-even, q8_0 per 32 features)
     attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap, sinks) -> [n, h, hd]
         (sinks float32 [h] or None: a per-head logit in the softmax denominator only, gpt-oss)
     add(a, b, out=None) (b same shape or a bias row [d]);  scale(x, s, out=None);  softcap(x, cap)
-    allocate_kv(num_blocks, block_size, n_kv_heads, head_dim) -> LayerKV   (in the backend's memory)
+    allocate_kv(num_blocks, block_size, n_kv_heads, head_dim, kv_type="f16") -> LayerKV
+        (in the backend's memory; kv_type one of KV_TYPES)
 
 Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
     upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle
@@ -124,6 +126,33 @@ def check_sinks(sinks, n_heads: int) -> np.ndarray:
     return sinks
 
 
+# KV cache element types (--kv-type): float32, IEEE half, or llama.cpp's q8_0 (int8 values, one
+# float16 scale d = amax / 127 per 32 features of a head's row)
+KV_TYPES = ("f32", "f16", "q8_0")
+KV_DEFAULT = "f16"  # llama.cpp's default (-ctk f16 -ctv f16)
+Q8_KV_BLOCK = 32  # q8_0: features per scale
+
+
+def check_kv_type(kv_type: str, head_dim: int) -> str:
+    """kv_type if the cache can hold it for this head_dim; ValueError naming --kv-type otherwise."""
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"--kv-type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    if kv_type == "q8_0" and head_dim % Q8_KV_BLOCK:
+        raise ValueError(f"--kv-type q8_0 needs head_dim a multiple of {Q8_KV_BLOCK}, the model has {head_dim}")
+    return kv_type
+
+
+def kv_row_bytes(kv_type: str, head_dim: int) -> int:
+    """Bytes of one token's K (or V) row of one kv head: 4 hd (f32), 2 hd (f16), or hd int8
+    values + a 2-byte scale per 32 (q8_0: 34 bytes per 32 features, as block_q8_0)."""
+    check_kv_type(kv_type, head_dim)
+    if kv_type == "f32":
+        return 4 * head_dim
+    if kv_type == "f16":
+        return 2 * head_dim
+    return head_dim + 2 * (head_dim // Q8_KV_BLOCK)
+
+
 def kv_shape(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> tuple:
     """(num_blocks, block_size, n_kv_heads, head_dim) as ints; ValueError naming a size <= 0."""
     for name, v in (("num_blocks", num_blocks), ("block_size", block_size),
@@ -135,11 +164,19 @@ def kv_shape(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -
 
 @dataclass
 class LayerKV:
-    """One layer's paged KV cache, indexed by block id."""
+    """One layer's paged KV cache, indexed by block id. q8_0 keeps block_q8_0's fields as two
+    planes: int8 values in k / v and their float16 scales in k_scale / v_scale (34 bytes per 32)."""
 
-    k: np.ndarray  # float32 [num_blocks, block_size, n_kv_heads, head_dim]
-    v: np.ndarray  # float32 [num_blocks, block_size, n_kv_heads, head_dim]
+    k: np.ndarray  # [num_blocks, block_size, n_kv_heads, head_dim]: float32 (f32), float16 (f16), int8 (q8_0)
+    v: np.ndarray  # like k
+    k_scale: np.ndarray | None = None  # q8_0: float16 [num_blocks, block_size, n_kv_heads, head_dim / 32]
+    v_scale: np.ndarray | None = None  # q8_0: like k_scale
 
     @property
     def block_size(self) -> int:
         return int(self.k.shape[1])
+
+    @property
+    def kv_type(self) -> str:
+        """"f32", "f16" or "q8_0", from the element type of k."""
+        return {"float32": "f32", "float16": "f16", "int8": "q8_0"}[str(self.k.dtype)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.backends.base import Batch
+from edged.backends.base import KV_DEFAULT, Batch
 from edged.chat import ChatTemplate
 from edged.chat_limits import ChatTemplateError
 from edged.model_path import resolve_model_path
@@ -98,11 +98,11 @@ def _in_short_lived_thread(fn, *args, **kwargs):
 
 def load(model: str | None = None, *, chat_template: str | None = None, warmup: bool = True,
          quiet: bool = False, backend: str = "auto", gpu_layers=None, kv_tokens=4096,
-         batch_tokens: int = 512) -> LoadedModel:
+         batch_tokens: int = 512, kv_type: str = KV_DEFAULT) -> LoadedModel:
     """Resolve, validate and load a model (default: the installed default model).
 
     backend/gpu_layers: see edged.offload.plan; kv_tokens (as plan takes it, or a function of the model)
-    sizes the KV the GPU layers must hold.
+    sizes the KV the GPU layers must hold; kv_type: the KV cache's element type (f32, f16, q8_0).
     Prints one line with load and compile times to stderr unless quiet; a progress bar on a TTY.
     """
     path = resolve_model_path(model)
@@ -115,6 +115,7 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
         p.advance(1, "tokenizer")
         m = load_model(gf)
         check_vocab(path, tokenizer, m)
+        m.kv_type = kv_type  # before anything sizes the KV (ValueError for q8_0 with head_dim % 32)
         if callable(kv_tokens):  # sized from the model (e.g. a --kv-memory budget)
             kv_tokens = kv_tokens(m)
         placement = plan_placement(m, backend, gpu_layers, kv_tokens=kv_tokens, batch_tokens=batch_tokens)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV, RopeParams
+from edged.backends.base import Batch, LayerKV, RopeParams, check_kv_type, kv_row_bytes
 from edged.models.errors import ModelError
 from edged.models.hparams import HParams
 from edged.quant.tensor import QTensor
@@ -106,6 +106,9 @@ class DecoderModel:
         self.final_softcap = float(final_softcap)
         self.attn_softcap = float(attn_softcap)  # Gemma 2: cap * tanh(q.k * scale / cap) before softmax
         self.host_ops = ops
+        # the KV cache's element type: float32 here (what the float64 reference forwards of the tests
+        # compare with); edged.loader.load sets --kv-type's (default f16) before anything sizes KV
+        self.kv_type = "f32"
         self.check_backend(ops)
         self.place([ops] * len(layers), ops)
 
@@ -192,11 +195,20 @@ class DecoderModel:
         before a token's position - kv_window + 1 are never read by a sliding-window layer."""
         return max((lw.window for lw in self.layers), default=0)
 
-    def kv_bytes_per_token(self, sliding: bool | None = None) -> int:
-        """Bytes of float32 K and V one token occupies across all layers, or across only the
-        sliding-window (sliding=True) or global-attention (sliding=False) layers."""
+    @property
+    def kv_type(self) -> str:
+        """"f32", "f16" or "q8_0": what allocate_kv gives and kv_bytes_per_token counts."""
+        return self._kv_type
+
+    @kv_type.setter
+    def kv_type(self, kv_type: str) -> None:
+        self._kv_type = check_kv_type(kv_type, self.hparams.head_dim)  # ValueError naming --kv-type
+
+    def kv_bytes_per_token(self, sliding: bool | None = None, kv_type: str | None = None) -> int:
+        """Bytes of K and V of kv_type (None: self.kv_type) one token occupies across all layers,
+        or across only the sliding-window (sliding=True) or global-attention (sliding=False) layers."""
         n = sum(1 for lw in self.layers if sliding is None or (lw.window > 0) == sliding)
-        return n * 2 * self.n_kv_heads * self.head_dim * 4
+        return n * 2 * self.n_kv_heads * kv_row_bytes(kv_type or self.kv_type, self.head_dim)
 
     def allocate_kv(self, num_blocks: int, block_size: int = 16,
                     window_num_blocks: int | None = None) -> list[LayerKV]:
@@ -204,7 +216,7 @@ class DecoderModel:
         the sliding-window layers get that many blocks (their own KV group, see forward)."""
         hp = self.hparams
         return [ops.allocate_kv(window_num_blocks if window_num_blocks and lw.window else num_blocks,
-                                block_size, hp.n_kv_heads, hp.head_dim)
+                                block_size, hp.n_kv_heads, hp.head_dim, self.kv_type)
                 for ops, lw in zip(self.layer_ops, self.layers)]
 
     def forward(self, batch: Batch, kv: list[LayerKV]) -> np.ndarray:

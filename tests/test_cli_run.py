@@ -79,3 +79,18 @@ def test_bench_single_stream_json(tiny):
     out = json.loads(r.stdout)
     assert out["single"]["decode"]["8"]["runs"] == 2
     assert out["single"]["prefill"]["8"]["median"] > 0
+
+
+def test_kv_type_flag(tiny, tmp_path):
+    """--kv-type reaches the cache (f16 unless given); the perplexity moves by its rounding only."""
+    text = tmp_path / "t.txt"
+    rng = np.random.default_rng(1)
+    text.write_text(" ".join("".join(rng.choice(list("abcdefgh"), 4)) for _ in range(120)))
+    args = ["perplexity", tiny, str(text), "--ctx", "32", "--json"]
+    ppl = {t: _json(CliRunner().invoke(main, args + ["--kv-type", t])) for t in ("f32", "q8_0")}
+    ppl["f16"] = _json(CliRunner().invoke(main, args))
+    assert {t: r["kv_type"] for t, r in ppl.items()} == {"f32": "f32", "q8_0": "q8_0", "f16": "f16"}
+    assert abs(ppl["f16"]["ppl"] / ppl["f32"]["ppl"] - 1) < 0.01
+    assert abs(ppl["q8_0"]["ppl"] / ppl["f32"]["ppl"] - 1) < 0.05
+    r = CliRunner().invoke(main, ["run", tiny, "--prompt-ids", "2,5", "--kv-type", "q4_0"])
+    assert r.exit_code == 2 and "Invalid value for '--kv-type'" in r.output

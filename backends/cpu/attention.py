@@ -1,4 +1,5 @@
-"""Paged causal attention over a block-table KV cache (prefill, decode and mixed batches), float32.
+"""Paged causal attention over a block-table KV cache (prefill, decode and mixed batches), float32
+arithmetic over an f32, f16 or q8_0 cache (kv_codec.py: rows widened as they are read).
 
 Work is split into items (token, kv head, key chunk): each item reads its K/V rows once for all
 query heads sharing that kv head (GQA), computes exact scores for its chunk, and keeps (max, sum,
@@ -13,7 +14,8 @@ import math
 import numba as nb
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV, check_sinks, key_chunk, kv_shape
+from edged.backends.base import KV_DEFAULT, Batch, LayerKV, check_sinks, key_chunk
+from edged.backends.cpu import kv_codec
 from edged.backends.cpu.attention_tiles import FM, score_keys, weigh_values
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
 
@@ -24,36 +26,15 @@ _key_chunk = nb.njit(inline="always")(key_chunk)
 _CHUNK = 256
 
 
-def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
-    """One layer's paged KV cache: K and V float32 [num_blocks, block_size, n_kv_heads, head_dim]."""
-    shape = kv_shape(num_blocks, block_size, n_kv_heads, head_dim)
-    return LayerKV(k=np.zeros(shape, dtype=np.float32), v=np.zeros(shape, dtype=np.float32))
-
-
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _store_kv(kc, vc, k, v, slots):
-    """Write k/v [n, kvh, hd] rows to kc/vc [nb, bs, kvh, hd] at slots; returns #bad slots."""
-    n_blocks, bs, kvh, hd = kc.shape
-    cap = n_blocks * bs
-    bad = 0
-    for i in nb.prange(k.shape[0]):
-        s = slots[i]
-        if s < 0:
-            continue  # padding token: nothing to store
-        if s >= cap:
-            bad += 1
-            continue
-        b = s // bs
-        o = s - b * bs
-        for h in range(kvh):
-            for d in range(hd):
-                kc[b, o, h, d] = k[i, h, d]
-                vc[b, o, h, d] = v[i, h, d]
-    return bad
+def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                kv_type: str = KV_DEFAULT) -> LayerKV:
+    """One layer's zeroed paged KV cache: K and V [num_blocks, block_size, n_kv_heads, head_dim]
+    of kv_type (f32, f16, q8_0: see LayerKV)."""
+    return kv_codec.allocate(num_blocks, block_size, n_kv_heads, head_dim, kv_type)
 
 
 def store_kv(kv: LayerKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Write this step's K/V rows [n, kvh, hd] into the paged cache.
+    """Write this step's K/V rows [n, kvh, hd] into the paged cache, converted to its type.
 
     Token i goes to block slot_mapping[i] // block_size, offset slot_mapping[i] % block_size;
     a negative slot skips the token (padding).
@@ -66,7 +47,7 @@ def store_kv(kv: LayerKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
         raise ValueError(f"store_kv: slot_mapping shape {slots.shape} != ({k.shape[0]},)")
     k = np.ascontiguousarray(k, dtype=np.float32)
     v = np.ascontiguousarray(v, dtype=np.float32)
-    if _store_kv(kv.k, kv.v, k, v, slots):
+    if kv_codec.store_rows(*kv_codec.kernel_arrays(kv), k, v, slots):
         raise ValueError(f"store_kv: slot out of range (cache holds {kv.k.shape[0] * kv.k.shape[1]} slots)")
 
 
@@ -90,10 +71,11 @@ def _chunk_keys(seq_starts, positions, t, window, c, chunk):
 
 
 @nb.njit(inline="always", fastmath=FM)
-def _score_chunk(qg, kc, block_tables, s, kh, j0, j1, sc, scale):
+def _score_chunk(qg, kc, ks, block_tables, s, kh, j0, j1, sc, scale, buf):
     """sc [g, j1 - j0] = scores of keys j0..j1-1 of sequence s; False on a bad block-table entry.
 
-    Keys are walked block by block, so each K row is read once for all g query heads.
+    Keys are walked block by block, so each K row is read (and widened into buf) once for all g
+    query heads.
     """
     n_blocks, bs = kc.shape[0], kc.shape[1]
     max_blocks = block_tables.shape[1]
@@ -104,7 +86,7 @@ def _score_chunk(qg, kc, block_tables, s, kh, j0, j1, sc, scale):
         if blk < 0 or blk >= n_blocks:
             return False
         o_end = min(bs, j1 - bi * bs)
-        score_keys(qg, kc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, scale)
+        score_keys(qg, kc, ks, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, scale, buf)
         j = bi * bs + o_end
     return True
 
@@ -132,7 +114,7 @@ def _softmax_chunk(sc, cap, part_m, part_l, t, h0, c):
 
 
 @nb.njit(inline="always", fastmath=FM)
-def _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc):
+def _weigh_chunk(acc, vc, vs, block_tables, s, kh, j0, j1, sc, buf):
     """acc [g, hd] += sc's probabilities times V rows j0..j1-1, each read once for all g heads
     (the block table was checked by _score_chunk)."""
     bs = vc.shape[1]
@@ -141,7 +123,7 @@ def _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc):
         bi = j // bs
         blk = block_tables[s, bi]
         o_end = min(bs, j1 - bi * bs)
-        weigh_values(acc, vc, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, np.float32(1.0))
+        weigh_values(acc, vc, vs, blk, kh, j - bi * bs, o_end, sc, bi * bs - j0, np.float32(1.0), buf)
         j = bi * bs + o_end
 
 
@@ -161,12 +143,13 @@ def _write_item(acc, t, h0, c, direct, part_l, out, part_acc):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
-def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, chunk, n_chunks,
+def _attention_chunks(q, kc, vc, ks, vs, block_tables, seq_starts, positions, window, chunk, n_chunks,
                       direct, scale, cap, out, part_m, part_l, part_acc, err):
     """Score chunks of each token's visible keys and reduce them to (max, sum, weighted V).
 
-    q [n, h, hd]; kc/vc [nb, bs, kvh, hd]; block_tables [n_seqs, max_blocks]; seq_starts
-    [n_seqs + 1]; positions [n].
+    q [n, h, hd]; kc/vc [nb, bs, kvh, hd] float32, uint16 (f16 bits) or int8 (q8_0, scales ks/vs
+    [nb, bs, kvh, hd / 32] f16 bits); block_tables [n_seqs, max_blocks]; seq_starts [n_seqs + 1];
+    positions [n].
     Item it = (token, kv head, chunk c) covers keys lo + c*chunk .. of the token's range [lo, p].
     With direct (one chunk, no sinks) the normalized result goes straight to out [n, h, hd];
     otherwise each item writes part_m/part_l [n, h, n_chunks] and part_acc [n, h, n_chunks, hd]
@@ -186,13 +169,14 @@ def _attention_chunks(q, kc, vc, block_tables, seq_starts, positions, window, ch
                 part_l[t, h0 + hh, c] = np.float32(0.0)
             continue
         sc = np.empty((g, j1 - j0), dtype=np.float32)  # [g, nk] scores, then probabilities
+        buf = np.empty((5, hd), dtype=np.float32)  # [5, hd] K/V rows widened from f16 / q8_0 (kv_row)
         qg = q[t, h0 : h0 + g]  # [g, hd] query heads sharing kv head kh
-        if not _score_chunk(qg, kc, block_tables, s, kh, j0, j1, sc, scale):
+        if not _score_chunk(qg, kc, ks, block_tables, s, kh, j0, j1, sc, scale, buf):
             err[0] = 1  # bad block table: the caller raises, the result is not used
             continue
         _softmax_chunk(sc, cap, part_m, part_l, t, h0, c)
         acc = np.zeros((g, hd), dtype=np.float32)  # [g, hd]
-        _weigh_chunk(acc, vc, block_tables, s, kh, j0, j1, sc)
+        _weigh_chunk(acc, vc, vs, block_tables, s, kh, j0, j1, sc, buf)
         _write_item(acc, t, h0, c, direct, part_l, out, part_acc)
 
 
@@ -301,7 +285,7 @@ def attention(
         part_l = np.empty((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_acc = np.empty((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     err = np.zeros(1, dtype=np.int32)
-    _attention_chunks(q, kv.k, kv.v, block_tables, seq_starts, positions, int(window), chunk,
+    _attention_chunks(q, *kv_codec.kernel_arrays(kv), block_tables, seq_starts, positions, int(window), chunk,
                       n_chunks, direct, np.float32(scale), np.float32(softcap), out, part_m, part_l,
                       part_acc, err)
     if err[0]:

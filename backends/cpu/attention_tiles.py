@@ -4,11 +4,14 @@ A tile shares each loaded K/V element across 4 query heads (16 multiply-adds per
 where a one-key-at-a-time loop loads once per multiply-add. score_keys and weigh_values, both
 made by _key_walker, cover a run of keys within one cache block with 4x4 tiles, a 1x4 tile for
 each head past a multiple of 4 and one key at a time for the last keys. Every function here is
-inlined into attention.py's kernel and compiled with the same fastmath flags (FM).
+inlined into attention.py's kernel and compiled with the same fastmath flags (FM). K/V rows are
+read through kv_codec.kv_row: f16 / q8_0 rows are widened to float32 once per visit, for all heads.
 """
 
 import numba as nb
 import numpy as np
+
+from edged.backends.cpu.kv_codec import kv_row
 
 FM = {"reassoc", "contract", "nsz", "arcp"}  # no nnan/ninf: the -inf sentinel must stay exact
 
@@ -130,20 +133,21 @@ def _weigh_1(acc, vrow, sc, jj, scale):
 
 
 def _key_walker(tile4x4, tile1x4, tile1):
-    """A kernel helper f(rows [g, hd], cache [nb, bs, kvh, hd], blk, kh, o0, o1, sc, base, scale)
-    visiting keys o0..o1-1 of cache block blk, kv head kh: 4 keys at a time, as 4x4 tiles of heads
-    and a 1x4 tile for each head past a multiple of 4, then one key at a time; the key at offset o
-    uses column base + o of sc [g, nk]."""
+    """A kernel helper f(rows [g, hd], cache [nb, bs, kvh, hd], scales, blk, kh, o0, o1, sc, base,
+    scale, buf) visiting keys o0..o1-1 of cache block blk, kv head kh: 4 keys at a time, as 4x4
+    tiles of heads and a 1x4 tile for each head past a multiple of 4, then one key at a time; the
+    key at offset o uses column base + o of sc [g, nk]. scales: q8_0's [nb, bs, kvh, hd / 32];
+    buf float32 [5, hd]: the widened rows of an f16 / q8_0 cache (kv_codec.kv_row)."""
 
     @nb.njit(inline="always", fastmath=FM)
-    def walk(rows, cache, blk, kh, o0, o1, sc, base, scale):
+    def walk(rows, cache, scales, blk, kh, o0, o1, sc, base, scale, buf):
         g = rows.shape[0]
         o = o0
         while o + 4 <= o1:
-            c0 = cache[blk, o, kh]
-            c1 = cache[blk, o + 1, kh]
-            c2 = cache[blk, o + 2, kh]
-            c3 = cache[blk, o + 3, kh]
+            c0 = kv_row(cache, scales, blk, o, kh, buf, 0)
+            c1 = kv_row(cache, scales, blk, o + 1, kh, buf, 1)
+            c2 = kv_row(cache, scales, blk, o + 2, kh, buf, 2)
+            c3 = kv_row(cache, scales, blk, o + 3, kh, buf, 3)
             h = 0
             while h + 4 <= g:
                 tile4x4(rows, h, c0, c1, c2, c3, sc, base + o, scale)
@@ -153,7 +157,7 @@ def _key_walker(tile4x4, tile1x4, tile1):
                 h += 1
             o += 4
         while o < o1:
-            tile1(rows, cache[blk, o, kh], sc, base + o, scale)
+            tile1(rows, kv_row(cache, scales, blk, o, kh, buf, 0), sc, base + o, scale)
             o += 1
 
     return walk

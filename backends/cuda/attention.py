@@ -12,15 +12,19 @@ softmax) and the accumulators, which threads own per (head, feature) so V rows a
 coalesced. Several chunks of a token are merged by _combine_chunks (flash-decoding). A block-table
 entry that is missing or out of range gives the token NaN outputs (checked on the host instead
 when the table is a host array: see prepare_batch).
+
+KV types (edged.backends.base.KV_TYPES), as on the CPU: float32, float16 (stored round to nearest
+even), q8_0 (int8 values and a float16 scale d = amax / 127 per 32 features, q = rint(x / d));
+kernels widen each element as they read it (_kv_at).
 """
 
 import dataclasses
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int8, int32
 
-from edged.backends.base import Batch, LayerKV, check_sinks, key_chunk, kv_shape
+from edged.backends.base import KV_DEFAULT, Q8_KV_BLOCK, Batch, LayerKV, check_kv_type, check_sinks, key_chunk, kv_shape
 from edged.backends.cuda.launch import SIM, launch_1d
 from edged.backends.cuda.memory import as_device, is_device
 
@@ -40,24 +44,36 @@ _key_chunk = cuda.jit(device=True, inline=True)(key_chunk)
 def _zero(a):
     i = cuda.grid(1)
     if i < a.shape[0]:
-        a[i] = float32(0.0)
+        a[i] = 0
 
 
-def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
-    """One layer's paged KV cache on the device: k, v float32 [num_blocks, block_size, kvh, hd], zeroed."""
-    shape = kv_shape(num_blocks, block_size, n_kv_heads, head_dim)
-    k = cuda.device_array(shape, dtype=np.float32)
-    v = cuda.device_array(shape, dtype=np.float32)
+def _zeroed(shape, dtype):
+    """A device array of zeros (set on the device: no host buffer)."""
+    a = cuda.device_array(shape, dtype=dtype)
     size = int(np.prod(shape))
     blocks, threads = launch_1d(size)
-    for a in (k, v):
-        _zero[blocks, threads](a.reshape(size))
-    return LayerKV(k=k, v=v)
+    _zero[blocks, threads](a.reshape(size))
+    return a
+
+
+def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                kv_type: str = KV_DEFAULT) -> LayerKV:
+    """One layer's zeroed paged KV cache on the device: k, v [num_blocks, block_size, kvh, hd] of
+    kv_type (float32, float16, or int8 with float16 scales [.., hd / 32] for q8_0: see LayerKV)."""
+    shape = kv_shape(num_blocks, block_size, n_kv_heads, head_dim)
+    check_kv_type(kv_type, shape[3])
+    if kv_type == "q8_0":
+        sshape = (*shape[:3], shape[3] // Q8_KV_BLOCK)
+        return LayerKV(k=_zeroed(shape, np.int8), v=_zeroed(shape, np.int8),
+                       k_scale=_zeroed(sshape, np.float16), v_scale=_zeroed(sshape, np.float16))
+    dtype = np.float32 if kv_type == "f32" else np.float16
+    return LayerKV(k=_zeroed(shape, dtype), v=_zeroed(shape, dtype))
 
 
 @cuda.jit
 def _store_kv(kc, vc, k, v, slots):
-    """One thread per (token, kv feature); negative slots (padding) and slots past the cache are skipped."""
+    """One thread per (token, kv feature); negative slots (padding) and slots past the cache are
+    skipped. f32 / f16 caches (the store rounds to float16, to nearest even)."""
     n_blocks, bs, kvh, hd = kc.shape
     per = kvh * hd
     i = cuda.grid(1)
@@ -71,6 +87,39 @@ def _store_kv(kc, vc, k, v, slots):
     d = i % hd
     kc[s // bs, s % bs, h, d] = k[t, h, d]
     vc[s // bs, s % bs, h, d] = v[t, h, d]
+
+
+@cuda.jit(device=True, inline=True)
+def _put_q8(c, sc, b, o, h, blk, x, t):
+    """c[b, o, h, 32 blk ..] and its scale sc[b, o, h, blk] from x[t, h, 32 blk ..] as
+    quantize_row_q8_0: d = amax / 127, q = rint(x * (1 / d)) (0 for an all-zero block)."""
+    base = blk * 32
+    amax = float32(0.0)
+    for j in range(32):
+        amax = max(amax, abs(x[t, h, base + j]))
+    d = amax / float32(127.0)
+    inv = float32(1.0) / d if d > float32(0.0) else float32(0.0)
+    for j in range(32):
+        c[b, o, h, base + j] = int8(round(x[t, h, base + j] * inv))  # round(): half to even
+    sc[b, o, h, blk] = d
+
+
+@cuda.jit
+def _store_kv_q8(kc, vc, ks, vs, k, v, slots):
+    """q8_0 caches: one thread per (token, kv head, block of 32 features); slots as _store_kv."""
+    n_blocks, bs, kvh, hd = kc.shape
+    per = kvh * (hd // 32)
+    i = cuda.grid(1)
+    if i >= k.shape[0] * per:
+        return
+    t = i // per
+    s = slots[t]
+    if s < 0 or s >= n_blocks * bs:
+        return
+    h = (i % per) // (hd // 32)
+    blk = i % (hd // 32)
+    _put_q8(kc, ks, s // bs, s % bs, h, blk, k, t)
+    _put_q8(vc, vs, s // bs, s % bs, h, blk, v, t)
 
 
 def store_kv(kv: LayerKV, k, v, slot_mapping) -> None:
@@ -89,9 +138,14 @@ def store_kv(kv: LayerKV, k, v, slot_mapping) -> None:
     slots = as_device(slot_mapping, np.int32, "store_kv slot_mapping")
     if tuple(slots.shape) != (k.shape[0],):
         raise ValueError(f"store_kv: slot_mapping shape {tuple(slots.shape)} != ({k.shape[0]},)")
-    if k.shape[0]:
+    if not k.shape[0]:
+        return
+    if kv.k_scale is None:
         blocks, threads = launch_1d(k.shape[0] * kvh * hd)
         _store_kv[blocks, threads](kv.k, kv.v, k, v, slots)
+    else:
+        blocks, threads = launch_1d(k.shape[0] * kvh * (hd // Q8_KV_BLOCK))
+        _store_kv_q8[blocks, threads](kv.k, kv.v, kv.k_scale, kv.v_scale, k, v, slots)
 
 
 def _check_layout(batch: Batch) -> None:
@@ -143,7 +197,15 @@ def _key_range(seq_starts, positions, t, window, c, chunk):
 
 
 @cuda.jit(device=True, inline=True)
-def _score_tile(kc, block_tables, s, kh, j, k1, sq, g, scale, cap, ssc, sblk, tid):
+def _kv_at(c, sc, blk, o, kh, z):
+    """float32 value of cache element c[blk, o, kh, z]: f32 / f16 (sc None) or q8_0 (times its scale)."""
+    if sc is None:
+        return float32(c[blk, o, kh, z])
+    return float32(c[blk, o, kh, z]) * float32(sc[blk, o, kh, z // 32])
+
+
+@cuda.jit(device=True, inline=True)
+def _score_tile(kc, ks, block_tables, s, kh, j, k1, sq, g, scale, cap, ssc, sblk, tid):
     """This thread's key j of the tile: ssc[:, tid] = capped scores for the g heads and sblk[tid]
     its cache block; -inf past k1 and NaN for a bad block-table entry (never read outside the cache)."""
     n_blocks, bs, _, hd = kc.shape
@@ -164,7 +226,7 @@ def _score_tile(kc, block_tables, s, kh, j, k1, sq, g, scale, cap, ssc, sblk, ti
     for hh in range(g):
         d = float32(0.0)
         for z in range(hd):
-            d += sq[hh * hd + z] * kc[blk, o, kh, z]
+            d += sq[hh * hd + z] * _kv_at(kc, ks, blk, o, kh, z)
         v = d * scale
         if cap > float32(0.0):
             v = cap * float32(math.tanh(v / cap))
@@ -190,7 +252,7 @@ def _online_softmax(ssc, sm, sl, sal, h, nt):
 
 
 @cuda.jit(device=True, inline=True)
-def _weigh_tile(acc, vc, kh, j0, nk, ssc, sal, sblk, gh, tid, nt):
+def _weigh_tile(acc, vc, vs, kh, j0, nk, ssc, sal, sblk, gh, tid, nt):
     """Rescale this thread's accumulators (head, feature) = tid + z·nt and add the tile's nk
     probability-weighted V rows (threads of a warp read consecutive features: coalesced)."""
     bs, hd = vc.shape[1], vc.shape[3]
@@ -201,7 +263,7 @@ def _weigh_tile(acc, vc, kh, j0, nk, ssc, sal, sblk, gh, tid, nt):
             dd = e % hd
             a = acc[z] * sal[hh]
             for kk in range(nk):
-                a += ssc[hh, kk] * vc[sblk[kk], (j0 + kk) % bs, kh, dd]
+                a += ssc[hh, kk] * _kv_at(vc, vs, sblk[kk], (j0 + kk) % bs, kh, dd)
             acc[z] = a
 
 
@@ -216,12 +278,13 @@ def _sink_terms(m, sinks, h):
 
 
 @cuda.jit
-def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, cap, chunk, sinks,
+def _attention(q, kc, vc, ks, vs, block_tables, seq_starts, positions, window, scale, cap, chunk, sinks,
                out, part_m, part_l, part_acc):
     """Grid (token, kv head, key chunk c): keys lo + c·chunk .. of the token's range [lo, p]. With
     one chunk the normalized result goes to out [n, h, hd]; otherwise each block leaves (max, sum,
     unnormalized weighted V) in part_m / part_l [n, h, chunks], part_acc [n, h, chunks, hd].
-    sinks float32 [h] ([0]: none) add e^sink to a head's denominator."""
+    sinks float32 [h] ([0]: none) add e^sink to a head's denominator. ks / vs: q8_0's scales
+    [nb, bs, kvh, hd / 32], None for f32 / f16 caches."""
     sq = cuda.shared.array(MAX_GHD, float32)  # [g, hd] the query heads of this kv head
     ssc = cuda.shared.array((MAX_G, _MAX_THREADS), float32)  # [g, tile] scores, then probabilities
     sblk = cuda.shared.array(_MAX_THREADS, int32)  # [tile] cache block of each key
@@ -254,12 +317,12 @@ def _attention(q, kc, vc, block_tables, seq_starts, positions, window, scale, ca
         acc[z] = float32(0.0)
     cuda.syncthreads()
     for j0 in range(k0, k1, nt):
-        _score_tile(kc, block_tables, s, kh, j0 + tid, k1, sq, g, scale, cap, ssc, sblk, tid)
+        _score_tile(kc, ks, block_tables, s, kh, j0 + tid, k1, sq, g, scale, cap, ssc, sblk, tid)
         cuda.syncthreads()
         if tid < g:
             _online_softmax(ssc, sm, sl, sal, tid, nt)
         cuda.syncthreads()
-        _weigh_tile(acc, vc, kh, j0, min(nt, k1 - j0), ssc, sal, sblk, gh, tid, nt)
+        _weigh_tile(acc, vc, vs, kh, j0, min(nt, k1 - j0), ssc, sal, sblk, gh, tid, nt)
         cuda.syncthreads()
     for z in range(ACC_MAX):
         e = tid + z * nt
@@ -353,7 +416,7 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
         part_l = cuda.device_array((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_acc = cuda.device_array((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     _attention[(n, kvh, n_chunks), ATT_THREADS](
-        q, kv.k, kv.v, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
+        q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
         np.float32(scale), np.float32(softcap), np.int32(CHUNK), sinks, out, part_m, part_l, part_acc)
     if n_chunks > 1:
         blocks, threads = launch_1d(n * h * hd)

@@ -12,7 +12,7 @@ device arrays (float32 unless stated), plus transfers and weight upload.
     gelu_tanh_mul(gate, up, out=None), silu_mul(gate, up, out=None) -> [n, f];  softcap(x, cap, out=None)
     add(a, b, out=None) (b same shape or a row [d]);  scale(x, s, out=None)
     take_rows(x [n, ...], rows) -> [len(rows), ...];  slice_cols(x [n, c], start, stop) -> [n, stop-start]
-    allocate_kv(num_blocks, block_size, n_kv_heads, head_dim) -> LayerKV (device k, v, zeroed)
+    allocate_kv(num_blocks, block_size, n_kv_heads, head_dim, kv_type="f16") -> LayerKV (device k, v [+ q8_0 scales], zeroed)
     store_kv(kv, k [n, kvh, hd], v, slot_mapping int32 [n]) -> None
     prepare_batch(batch) -> Batch with device arrays;  attention(q, kv, batch, scale, window=0, softcap=0.0, sinks=None)
 

@@ -12,7 +12,7 @@ import json
 import click
 
 from edged.cli.bench_serve import BenchCommand
-from edged.cli.options import backend_options, model_argument
+from edged.cli.options import backend_options, kv_type_option, model_argument
 
 
 def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str) -> dict:
@@ -54,8 +54,9 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
                    "(default 16) of the first --prompt-tokens length (128 unless given).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @backend_options
+@kv_type_option
 def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
-            prefix_cache, breakdown, structured, embeddings, as_json, backend, gpu_layers):
+            prefix_cache, breakdown, structured, embeddings, as_json, backend, gpu_layers, kv_type):
     """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
@@ -69,27 +70,28 @@ def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tok
         report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock)
     if structured:
         report["structured"] = _structured_section(model, concurrency, gen_tokens, repeat, as_json,
-                                                   backend, gpu_layers)
+                                                   backend, gpu_layers, kv_type)
         concurrency = None  # its levels were the structured section's
     if embeddings:
         report["embeddings"] = _embeddings_section(model, concurrency, prompt_tokens, repeat, as_json,
-                                                   backend, gpu_layers)
+                                                   backend, gpu_layers, kv_type)
         concurrency = None  # its levels were the embeddings section's
     if (not kernels and not structured and not embeddings) or concurrency or prefix_cache or breakdown:
         report.update(_model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency,
-                                      prefix_cache, breakdown, kernels, as_json, backend, gpu_layers, clock))
+                                      prefix_cache, breakdown, kernels, as_json, backend, gpu_layers, clock,
+                                      kv_type))
     if as_json:
         click.echo(json.dumps(report, indent=2))
 
 
-def _structured_section(model, concurrency, gen_tokens, repeat, as_json, backend, gpu_layers) -> dict:
+def _structured_section(model, concurrency, gen_tokens, repeat, as_json, backend, gpu_layers, kv_type) -> dict:
     from edged.bench import constrained
     from edged.loader import load
 
     levels = _levels(concurrency) or [1, 8]
     gen = min(gen_tokens, 96)
     lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
-              kv_tokens=max(levels) * (32 + gen + 16) + 2048)
+              kv_tokens=max(levels) * (32 + gen + 16) + 2048, kv_type=kv_type)
     report = constrained.bench_constrained(lm, levels, gen, repeat=max(1, min(repeat, 3)))
     report["llguidance"] = constrained.llguidance_mask_times(model)
     (click.echo if not as_json else lambda s: click.echo(s, err=True))(
@@ -97,7 +99,7 @@ def _structured_section(model, concurrency, gen_tokens, repeat, as_json, backend
     return report
 
 
-def _embeddings_section(model, concurrency, prompt_tokens, repeat, as_json, backend, gpu_layers) -> dict:
+def _embeddings_section(model, concurrency, prompt_tokens, repeat, as_json, backend, gpu_layers, kv_type) -> dict:
     from edged.bench import embeddings as bench_embeddings
     from edged.loader import load
 
@@ -108,7 +110,7 @@ def _embeddings_section(model, concurrency, prompt_tokens, repeat, as_json, back
         raise click.UsageError("--concurrency and --prompt-tokens take comma-separated integers") from None
     try:
         lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
-                  kv_tokens=max(levels) * (length + 16) + 2048)
+                  kv_tokens=max(levels) * (length + 16) + 2048, kv_type=kv_type)
     except ValueError as e:  # OffloadError, GGUFError
         raise click.ClickException(str(e)) from None
     rows = bench_embeddings.bench_embeddings(lm, levels, length, repeat=max(1, min(repeat, 3)))
@@ -121,7 +123,8 @@ def _levels(value) -> list[int]:
 
 
 def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefix_cache, breakdown,
-                    kernels_too, as_json, backend="auto", gpu_layers="auto", clock="wall") -> dict:
+                    kernels_too, as_json, backend="auto", gpu_layers="auto", clock="wall",
+                    kv_type="f16") -> dict:
     from edged.bench import engine as bench_engine
     from edged.loader import load
 
@@ -133,10 +136,11 @@ def _model_sections(model, repeat, prompt_tokens, gen_tokens, concurrency, prefi
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     try:
         lm = load(model, quiet=as_json, backend=backend, gpu_layers=gpu_layers,
-                  kv_tokens=max(levels + steps_at or [1]) * (max(plens, default=512) + gen_tokens + 16) + 2048)
+                  kv_tokens=max(levels + steps_at or [1]) * (max(plens, default=512) + gen_tokens + 16) + 2048,
+                  kv_type=kv_type)
     except ValueError as e:  # OffloadError, GGUFError
         raise click.ClickException(str(e)) from None
-    out = {"placement": lm.placement.describe()}
+    out = {"placement": lm.placement.describe(), "kv_type": kv_type}
     if not (kernels_too or levels or prefix_cache or steps_at):
         r = bench_engine.bench_single(lm, plens, gen_tokens, repeat)
         out["single"] = r

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from edged.cli.options import backend_options, model_argument, sampling_options
+from edged.cli.options import backend_options, kv_type_option, model_argument, sampling_options
 
 
 @click.command("chat")
@@ -22,8 +22,9 @@ from edged.cli.options import backend_options, model_argument, sampling_options
 @click.option("--chat-template", default=None, help="Built-in template name or Jinja source.")
 @click.option("--verbose", is_flag=True, help="After each reply, its token counts and speed (stderr).")
 @backend_options
+@kv_type_option
 def command(model, url, api_key, system, max_tokens, temperature, top_k, top_p, min_p, seed, ctx,
-            chat_template, verbose, backend, gpu_layers):
+            chat_template, verbose, backend, gpu_layers, kv_type):
     """Chat with a model in the terminal: /? for the commands, Ctrl-C stops a reply, /bye leaves.
 
     MODEL is a store name or a .gguf path (default: the store's default chat model). Reads plain
@@ -43,7 +44,7 @@ def command(model, url, api_key, system, max_tokens, temperature, top_k, top_p, 
     reader = LineReader()
     try:
         chat_backend = _http_backend(url, api_key, model) if url else _engine_backend(
-            model, chat_template, ctx, backend, gpu_layers)
+            model, chat_template, ctx, backend, gpu_layers, kv_type)
     except ChatError as e:
         raise click.ClickException(str(e)) from None
     try:
@@ -66,13 +67,13 @@ def _http_backend(url, api_key, model):
     return HTTPBackend(url, api_key, model)
 
 
-def _engine_backend(model, chat_template, ctx, backend, gpu_layers):
+def _engine_backend(model, chat_template, ctx, backend, gpu_layers, kv_type):
     from edged.cli.chat_backends import EngineBackend
     from edged.cli.run import _load
     from edged.loader import load
 
     if ctx < 16:
         raise click.BadParameter("must be at least 16", param_hint="--ctx")
-    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx)
+    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, kv_type=kv_type)
     return EngineBackend(lm, ctx)
 

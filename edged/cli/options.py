@@ -25,6 +25,19 @@ def sampling_options(f=None, *, max_tokens: int | None = 128):
     return f
 
 
+def kv_type_option(f=None, *, envvar: str | None = None):
+    """--kv-type f32|f16|q8_0: the KV cache's element type (default f16, as llama.cpp's -ctk/-ctv).
+    envvar: also read that variable (`edged serve`)."""
+    if f is None:  # used as @kv_type_option(envvar="EDGED_KV_TYPE")
+        return lambda g: kv_type_option(g, envvar=envvar)
+    from edged.backends.base import KV_DEFAULT, KV_TYPES
+
+    return click.option("--kv-type", type=click.Choice(KV_TYPES), default=KV_DEFAULT, show_default=True,
+                        envvar=envvar, show_envvar=envvar is not None,
+                        help="KV cache element type: f16 takes half of f32's memory, q8_0 (int8 values, "
+                             "a float16 scale per 32) 34/128 of it.")(f)
+
+
 def backend_options(f):
     """--backend and --gpu-layers (hybrid CPU/GPU offload; see edged/offload.py)."""
     for opt in reversed([

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from edged.cli.options import backend_options
+from edged.cli.options import backend_options, kv_type_option
 
 
 @click.command("perplexity")
@@ -15,7 +15,8 @@ from edged.cli.options import backend_options
 @click.option("--ctx", type=int, default=512, show_default=True, help="Chunk length in tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @backend_options
-def command(paths, ctx, as_json, backend, gpu_layers):
+@kv_type_option
+def command(paths, ctx, as_json, backend, gpu_layers, kv_type):
     """Perplexity of MODEL (default: the installed default model) on the text FILE, by
     llama.cpp's method: chunks of --ctx tokens, the second half of each scored."""
     from edged.loader import load
@@ -30,7 +31,7 @@ def command(paths, ctx, as_json, backend, gpu_layers):
 
         model = str(resolve_reference_model())
     try:
-        lm = load(model, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, batch_tokens=ctx)
+        lm = load(model, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, batch_tokens=ctx, kv_type=kv_type)
     except (GGUFError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
     try:
@@ -50,9 +51,9 @@ def command(paths, ctx, as_json, backend, gpu_layers):
         raise click.ClickException(str(e)) from None
     elapsed = time.perf_counter() - t0
     if as_json:
-        click.echo(json.dumps({"ppl": last.ppl, "chunks": last.n_chunks, "ctx": ctx,
+        click.echo(json.dumps({"ppl": last.ppl, "chunks": last.n_chunks, "ctx": ctx, "kv_type": kv_type,
                                "tokens": len(tokens), "scored": last.n_scored,
                                "seconds": elapsed}))
     else:
         click.echo(f"Final estimate: PPL = {last.ppl:.4f} ({last.n_chunks} chunks of {ctx}, "
-                   f"{elapsed:.1f} s)")
+                   f"{kv_type} KV, {elapsed:.1f} s)")

@@ -7,6 +7,7 @@ import time
 
 import click
 
+from edged.cli.options import kv_type_option
 from edged.cli.options import backend_options, model_argument, sampling_options
 
 
@@ -28,9 +29,10 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--chat-template", default=None, help="Built-in template name or Jinja source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 @click.option("--ctx", type=int, default=4096, show_default=True, help="Context length (tokens).")
+@kv_type_option
 @backend_options
 def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, min_p, seed,
-            logprobs, chat, chat_template, as_json, ctx, backend, gpu_layers):
+            logprobs, chat, chat_template, as_json, ctx, kv_type, backend, gpu_layers):
     """Generate a continuation of a prompt."""
     from edged.engine.engine import Engine, EngineConfig
     from edged.engine.sizing import plan_kv
@@ -44,7 +46,7 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
                                 seed=seed, logprobs=logprobs, max_tokens=max_tokens)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx)
+    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, kv_type=kv_type)
     tok = lm.tokenizer
     if prompt_ids is not None:
         ids = _parse_ids(prompt_ids)

@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from edged.cli.options import kv_type_option
+
 
 def _split(values) -> tuple[str, ...]:
     """Repeated flags, or one env var holding a comma/space separated list."""
@@ -34,6 +36,7 @@ def _opt(*decls, env: str, **kw):
       help="Tokens per engine step (prefill chunks + decodes).")
 @_opt("--kv-memory", env="KV_MEMORY", default=None,
       help="KV cache budget: 2GiB, 512MB, or a fraction of free RAM (0.25). Default: ctx x max-seqs.")
+@kv_type_option(envvar="EDGED_KV_TYPE")
 @_opt("--block-size", env="BLOCK_SIZE", type=int, default=16, show_default=True,
       help="Tokens per KV block.")
 @_opt("--no-prefix-cache", env="NO_PREFIX_CACHE", is_flag=True, help="Disable prefix caching.")
@@ -83,7 +86,7 @@ def _opt(*decls, env: str, **kw):
       help="Store model to start loading at startup (repeatable; without MODEL only).")
 @_opt("--pooling", env="POOLING", type=click.Choice(["mean", "last", "cls"]), default=None,
       help="/v1/embeddings pooling (overrides the file's <arch>.pooling_type; without either: mean).")
-def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block_size,
+def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, kv_type, block_size,
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
             max_queue, drain_timeout, body_timeout, stream_stall_timeout, log_level, insecure, chat_template, reasoning_format,
             max_body_bytes, backend, gpu_layers, keep_alive, load_timeout, max_loaded_models,
@@ -109,7 +112,7 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, block
             keys += read_api_key_file(api_key_file)
         config = ServerConfig(
             model=model, host=host, port=port, ctx=ctx, max_seqs=max_seqs,
-            max_batch_tokens=max_batch_tokens, kv_memory=kv_memory, block_size=block_size,
+            max_batch_tokens=max_batch_tokens, kv_memory=kv_memory, kv_type=kv_type, block_size=block_size,
             prefix_cache=not no_prefix_cache, model_alias=model_alias, api_keys=keys,
             cors_origins=_split(cors_origin), allowed_hosts=_split(allowed_host),
             max_queue=max_queue, drain_timeout=drain_timeout, body_timeout=body_timeout,

@@ -78,6 +78,8 @@ class EngineStats:
     window_tokens_in_kv: int = 0  # tokens that pool must hold: min(computed, window - 1) + in step
     kv_bytes_used: int = 0  # bytes of the blocks held by requests, both pools
     kv_bytes_needed: int = 0  # bytes the held tokens need: tokens per pool x its bytes per token
+    kv_bytes_total: int = 0  # bytes of K and V the pools allocated, both pools
+    kv_type: str = "f32"  # the caches' element type (f32, f16, q8_0)
     nonfinite_rows: int = 0  # sampled rows whose logits held NaN or inf (each failed its request)
     embedding_inputs: int = 0  # embedding requests completed
     embedding_tokens: int = 0  # their prompt tokens
@@ -273,6 +275,8 @@ class Engine:
             window_blocks_free=w.num_free if w is not None else 0, window_tokens_in_kv=window_tokens,
             kv_bytes_used=p.block_size * (p.num_used * bpt + window_used * window_bpt),
             kv_bytes_needed=tokens * bpt + window_tokens * window_bpt,
+            kv_bytes_total=p.block_size * (p.num_blocks * bpt + (w.num_blocks if w is not None else 0) * window_bpt),
+            kv_type=lay.kv_type,
             nonfinite_rows=self._nonfinite_rows, embedding_inputs=self._embedding_inputs,
             embedding_tokens=self._embedding_tokens)
 

@@ -59,20 +59,28 @@ class KVLayout:
     window: int  # window by which old blocks are freed (0: none, every block is kept)
     bytes_per_token: int  # K and V bytes per token of the main group's layers
     window_bytes_per_token: int = 0  # of the second group's layers (0: no second group)
+    kv_type: str = "f32"  # the caches' element type (--kv-type), which the bytes count
 
     @property
     def two_groups(self) -> bool:
         return self.window_bytes_per_token > 0
 
 
-def kv_layout(model, free_window_blocks: bool = True) -> KVLayout:
+def kv_layout(model, free_window_blocks: bool = True, kv_type: str | None = None) -> KVLayout:
     """The model's KV groups: one for a model without sliding-window layers (or with
-    free_window_blocks=False), one sliding group when every layer is sliding, else two."""
+    free_window_blocks=False), one sliding group when every layer is sliding, else two. Bytes
+    are of kv_type (None: the model's own, float32 for a stand-in model without one)."""
     window = getattr(model, "kv_window", 0) if free_window_blocks else 0  # stand-in models have none
+    own = getattr(model, "kv_type", None)
+    kv_type = kv_type or own or "f32"
+
+    def per_token(**kw):
+        return model.kv_bytes_per_token(**kw) if own is None else model.kv_bytes_per_token(kv_type=kv_type, **kw)
+
     if not window:
-        return KVLayout(0, model.kv_bytes_per_token())
-    full, sliding = model.kv_bytes_per_token(sliding=False), model.kv_bytes_per_token(sliding=True)
-    return KVLayout(window, full, sliding) if full else KVLayout(window, sliding)
+        return KVLayout(0, per_token(), kv_type=kv_type)
+    full, sliding = per_token(sliding=False), per_token(sliding=True)
+    return KVLayout(window, full, sliding, kv_type) if full else KVLayout(window, sliding, kv_type=kv_type)
 
 
 def window_blocks_needed(window: int, block_size: int, max_batch_tokens: int, max_seqs: int = 1) -> int:
@@ -102,7 +110,7 @@ class KVPlan:
         """'N blocks x bs tokens (X MiB)' for the log, both pools when there are two."""
         bs, lay = self.block_size, self.layout
         kind = "full-attention" if lay.two_groups else "sliding-window" if lay.window else "all"
-        text = (f"{self.num_blocks} blocks x {bs} tokens ({kind} layers, "
+        text = (f"{lay.kv_type} K/V, {self.num_blocks} blocks x {bs} tokens ({kind} layers, "
                 f"{self.num_blocks * bs * lay.bytes_per_token / 2**20:.0f} MiB)")
         if self.window_num_blocks:
             text += (f" + {self.window_num_blocks} blocks (sliding-window layers, window {lay.window}, "
@@ -119,12 +127,14 @@ def window_pool_blocks(window: int, block_size: int, max_batch_tokens: int, max_
 
 
 def plan_kv(model, block_size: int, *, kv_memory: str | None = None, ctx: int = 4096,
-            max_seqs: int = 16, max_batch_tokens: int = 512, free_window_blocks: bool = True) -> KVPlan:
-    """The pools for `model`. Sliding-window layers get room for max_seqs running requests
-    (window_pool_blocks: they never limit admission); full-attention layers get ctx x max_seqs
-    tokens, or what the --kv-memory budget leaves after the sliding-window pool."""
+            max_seqs: int = 16, max_batch_tokens: int = 512, free_window_blocks: bool = True,
+            kv_type: str | None = None) -> KVPlan:
+    """The pools for `model`, of kv_type (None: the model's). Sliding-window layers get room for
+    max_seqs running requests (window_pool_blocks: they never limit admission); full-attention
+    layers get ctx x max_seqs tokens, or what the --kv-memory budget leaves after the
+    sliding-window pool."""
     bs = block_size
-    lay = kv_layout(model, free_window_blocks)
+    lay = kv_layout(model, free_window_blocks, kv_type)
     if not lay.two_groups:  # one pool; when every layer is sliding it need not outgrow the windows
         n = plan_num_blocks(lay.bytes_per_token, bs, kv_memory=kv_memory, ctx=ctx, max_seqs=max_seqs)
         if lay.window:

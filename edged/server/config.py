@@ -32,6 +32,7 @@ class ServerConfig:
     max_seqs: int = 8
     max_batch_tokens: int = 512
     kv_memory: str | None = None  # "2GiB", "512MB" or a fraction of free RAM; else ctx x max_seqs
+    kv_type: str = "f16"  # KV cache element type: f32 | f16 | q8_0 (edged.backends.base.KV_TYPES)
     block_size: int = 16
     prefix_cache: bool = True
     model_alias: str | None = None
@@ -91,6 +92,10 @@ class ServerConfig:
             raise ValueError(f"--pooling must be mean, last or cls, got {self.pooling!r}")
         if self.backend not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--backend must be auto, cpu or cuda, got {self.backend!r}")
+        from edged.backends.base import KV_TYPES
+
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"--kv-type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
         from edged.offload import parse_gpu_layers
 
         parse_gpu_layers(self.gpu_layers)

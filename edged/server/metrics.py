@@ -79,6 +79,12 @@ class _EngineCollector:
               "reusable prefix.", s.window_blocks_cached_free)
         gauge("edged_kv_bytes_used", "Bytes of the KV blocks held by requests, all pools.",
               s.kv_bytes_used)
+        gauge("edged_kv_bytes_total", "Bytes of K and V the KV pools allocated, all pools.",
+              s.kv_bytes_total)
+        f = families.setdefault("edged_kv_type", GaugeMetricFamily(
+            "edged_kv_type", "The KV cache's element type (--kv-type), as a label; always 1.",
+            labels=["model", "kv_type"]))
+        f.add_metric([model, s.kv_type], 1)
         gauge("edged_prefix_cache_hit_ratio", "Share of prompt tokens served from the prefix "
               "cache.", s.prefix_hit_rate)
 

@@ -87,7 +87,8 @@ class ModelSlot:
         c = self.config
         t0 = time.monotonic()
         lm = load(self.model_path, chat_template=c.chat_template, warmup=c.warmup, backend=c.backend,
-                  gpu_layers=c.gpu_layers, kv_tokens=self._kv_tokens, batch_tokens=c.max_batch_tokens)
+                  gpu_layers=c.gpu_layers, kv_tokens=self._kv_tokens, batch_tokens=c.max_batch_tokens,
+                  kv_type=c.kv_type)
         # compile the tokenizer's JIT paths now, not in the first client's request
         lm.tokenizer.encode(lm.chat.render([{"role": "user", "content": "warm up ✓"}]))
         self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path))
@@ -101,12 +102,13 @@ class ModelSlot:
         return plan.num_blocks * plan.block_size, window
 
     def plan_kv(self, model):
-        """The KV pools this server's options give `model` (edged.engine.sizing.plan_kv)."""
+        """The KV pools this server's options give `model` (edged.engine.sizing.plan_kv), of
+        --kv-type (also for the memory estimate, before the model is loaded)."""
         from edged.engine.sizing import plan_kv
 
         c = self.config
         return plan_kv(model, c.block_size, kv_memory=c.kv_memory, ctx=min(c.ctx, model.context_length),
-                       max_seqs=c.max_seqs, max_batch_tokens=c.max_batch_tokens)
+                       max_seqs=c.max_seqs, max_batch_tokens=c.max_batch_tokens, kv_type=c.kv_type)
 
     def attach(self, model, tokenizer, chat, model_path: str | None = None, *, engine_cls=None,
                engine_config_cls=None) -> None:

@@ -2,7 +2,10 @@
 
 Caches use shuffled, non-contiguous block ids; batches mix one prefill chunk that starts
 mid-sequence (earlier context already cached) with several decodes. Bound: max abs error
-<= 1e-5 (outputs are softmax averages of N(0, 1) values; float32 dots over head_dim <= 256).
+<= 1e-5 (outputs are softmax averages of N(0, 1) values; float32 dots over head_dim <= 256)
+against float64 attention over the values the cache holds; f16 / q8_0 caches: those values are
+the stored rows read back, and their distance from the float32 rows is bounded separately
+(test_kv_types.py).
 """
 
 import numpy as np
@@ -37,8 +40,9 @@ def ref_attention(q, k_seq, v_seq, positions, seq_of_tok, scale, window, softcap
     return out
 
 
-def make_case(rng, bs, kvh, g, hd, seqs):
-    """seqs: list of (cached, new) token counts. Returns q, kv, batch and the dense K/V per sequence.
+def make_case(rng, bs, kvh, g, hd, seqs, kv_type="f32"):
+    """seqs: list of (cached, new) token counts. Returns q, kv (of kv_type), batch and the dense
+    float32 K/V per sequence (as written: an f16 / q8_0 cache holds them rounded).
 
     Each sequence's blocks are drawn from a shuffled pool; cached tokens are stored first (an
     earlier step), then this step's tokens through batch.slot_mapping.
@@ -48,7 +52,7 @@ def make_case(rng, bs, kvh, g, hd, seqs):
     pool = rng.permutation(sum(n_blocks_seq) + 5).astype(np.int32)  # spare blocks stay unused
     max_blocks = max(n_blocks_seq) + 2
     tables = np.full((len(seqs), max_blocks), -1, dtype=np.int32)
-    kv = allocate_kv(pool.shape[0], bs, kvh, hd)
+    kv = allocate_kv(pool.shape[0], bs, kvh, hd, kv_type)
     k_seq, v_seq = [], []
     positions, slots, seq_of_tok, starts = [], [], [], [0]
     used = 0

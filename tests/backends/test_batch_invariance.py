@@ -23,15 +23,17 @@ def test_rows_identical_alone_and_in_a_batch(qtype):
         np.testing.assert_array_equal(alone[0], batched[t])
 
 
-def test_attention_token_identical_alone_and_in_a_batch():
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+def test_attention_token_identical_alone_and_in_a_batch(kv_type):
     from edged.backends.base import Batch
-    from edged.backends.cpu import allocate_kv, attention
+    from edged.backends.cpu import allocate_kv, attention, store_kv
 
     rng = np.random.default_rng(0)
     bs, hd, kvh, h = 16, 64, 1, 4
-    kv = allocate_kv(128, bs, kvh, hd)
-    kv.k[:] = rng.standard_normal(kv.k.shape).astype(np.float32)
-    kv.v[:] = rng.standard_normal(kv.v.shape).astype(np.float32)
+    kv = allocate_kv(128, bs, kvh, hd, kv_type)
+    rows = (128 * bs, kvh, hd)
+    store_kv(kv, rng.standard_normal(rows).astype(np.float32), rng.standard_normal(rows).astype(np.float32),
+             np.arange(128 * bs, dtype=np.int32))
     tables = rng.permutation(128).astype(np.int32).reshape(2, 64)  # two sequences' blocks
 
     def run(positions_per_seq, seqs):

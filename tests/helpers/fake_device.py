@@ -88,7 +88,7 @@ def make_fake_device(unsupported=()):
 
     def allocate_kv(*a):
         kv = cpu.allocate_kv(*a)
-        return LayerKV(k=_dev(kv.k), v=_dev(kv.v))
+        return replace(kv, **{f.name: _dev(getattr(kv, f.name)) for f in fields(kv) if getattr(kv, f.name) is not None})
 
     def check_supported(qtype):
         if qtype in unsupported:

@@ -6,7 +6,7 @@ Weights are dequantized with gguf-py (reference_dequantize) once per tensor and 
 
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV, RopeParams
+from edged.backends.base import KV_DEFAULT, Batch, LayerKV, RopeParams, check_kv_type
 # placement/layout and elementwise ops are plain numpy already: the CPU backend's serve as reference
 from edged.backends.cpu.activations import add, scale  # noqa: F401
 from edged.backends.cpu.host import (prepare_batch, slice_cols, take_rows, to_host, upload,  # noqa: F401
@@ -94,18 +94,50 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     return (cap * np.tanh(x.astype(np.float64) / cap)).astype(np.float32)
 
 
-def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int) -> LayerKV:
-    """Zeroed paged cache [num_blocks, block_size, n_kv_heads, head_dim] for K and V."""
+def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                kv_type: str = KV_DEFAULT) -> LayerKV:
+    """Zeroed paged cache [num_blocks, block_size, n_kv_heads, head_dim] for K and V: float32,
+    float16, or q8_0 (int8 values + float16 scales [.., head_dim / 32])."""
+    check_kv_type(kv_type, head_dim)
     shape = (num_blocks, block_size, n_kv_heads, head_dim)
-    return LayerKV(k=np.zeros(shape, np.float32), v=np.zeros(shape, np.float32))
+    if kv_type == "q8_0":
+        sshape = (*shape[:3], head_dim // 32)
+        return LayerKV(k=np.zeros(shape, np.int8), v=np.zeros(shape, np.int8),
+                       k_scale=np.zeros(sshape, np.float16), v_scale=np.zeros(sshape, np.float16))
+    dtype = np.float32 if kv_type == "f32" else np.float16
+    return LayerKV(k=np.zeros(shape, dtype), v=np.zeros(shape, dtype))
+
+
+def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x float32 [..., hd] as quantize_row_q8_0: (q int8 [..., hd], d float16 [..., hd / 32]) with
+    d = amax / 127 per 32 and q = rint(x * (1 / d))."""
+    b = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)  # [..., hd / 32, 1]
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    return np.rint(b * inv).astype(np.int8).reshape(x.shape), d[..., 0].astype(np.float16)
+
+
+def kv_values(kv: LayerKV, blocks, offs) -> tuple[np.ndarray, np.ndarray]:
+    """(K, V) float64 [len(blocks), kvh, hd] of the given slots, as the cache's type holds them."""
+    def one(x, s):
+        if s is None:
+            return x[blocks, offs].astype(np.float64)
+        return x[blocks, offs].astype(np.float64) * np.repeat(s[blocks, offs].astype(np.float64), 32, axis=-1)
+
+    return one(kv.k, kv.k_scale), one(kv.v, kv.v_scale)
 
 
 def store_kv(kv: LayerKV, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
-    """Write token rows of k, v [n, kvh, hd] at slots block_id * block_size + offset."""
+    """Write token rows of k, v [n, kvh, hd] at slots block_id * block_size + offset, converted to
+    the cache's type (numpy's float16 cast: round to nearest even)."""
     bs = kv.block_size
     blocks, offs = slot_mapping // bs, slot_mapping % bs
-    kv.k[blocks, offs] = k
-    kv.v[blocks, offs] = v
+    if kv.k_scale is None:
+        kv.k[blocks, offs] = k
+        kv.v[blocks, offs] = v
+        return
+    kv.k[blocks, offs], kv.k_scale[blocks, offs] = q8_0_rows(k)
+    kv.v[blocks, offs], kv.v_scale[blocks, offs] = q8_0_rows(v)
 
 
 def attention(q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: int = 0,
@@ -122,8 +154,7 @@ def attention(q: np.ndarray, kv: LayerKV, batch: Batch, scale: float, window: in
         L = int(batch.seq_lens[s])
         j = np.arange(L)
         blocks = batch.block_tables[s, j // bs]
-        K = kv.k[blocks, j % bs].astype(np.float64)  # [L, kvh, hd]
-        V = kv.v[blocks, j % bs].astype(np.float64)
+        K, V = kv_values(kv, blocks, j % bs)  # [L, kvh, hd]
         for t in range(a, b):
             p = int(batch.positions[t])
             allowed = j <= p

@@ -198,14 +198,29 @@ def test_max_memory_503_names_the_numbers(serve, store):
     assert _metric(c2, "edged_model_loads_total", model=A, outcome="no_room") == 1
 
 
-def _estimate(store, name) -> int:
+def _estimate(store, name, **kw):
     from edged.server.model_memory import estimate_file
     from edged.server.model_slot import ModelSlot
 
-    slot = ModelSlot(_config(), None, path=str(store.resolve(name)), name=name)
+    slot = ModelSlot(_config(**kw), None, path=str(store.resolve(name)), name=name)
     est = estimate_file(slot.model_path, slot.plan_kv, slot.config)
     assert est.weights == store.get(name).size and est.kv > 0 and est.workspace > 0
-    return est.total
+    return est if kw else est.total
+
+
+def test_kv_type_sizes_the_estimate_and_the_served_cache(serve, store):
+    """--kv-type (default f16) is the type the estimate counts and the loaded engine allocates."""
+    f16, f32 = _estimate(store, A, kv_type="f16"), _estimate(store, A, kv_type="f32")
+    assert 2 * f16.kv == f32.kv
+    c = serve()
+    _complete(c, A)
+    assert _metric(c, "edged_kv_type", model=A, kv_type="f16") == 1
+    assert _metric(c, "edged_kv_bytes_total", model=A) == f16.kv
+    c32 = serve(kv_type="f32")
+    _complete(c32, A)
+    assert _metric(c32, "edged_kv_bytes_total", model=A) == f32.kv
+    with pytest.raises(ValueError, match="--kv-type must be one of"):
+        _config(kv_type="q4").validate()
 
 
 def test_keep_alive_zero_unloads_after_the_request(serve):

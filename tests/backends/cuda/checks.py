@@ -210,18 +210,20 @@ def attention_case(rng, bs: int, kvh: int, g: int, hd: int, seqs, spare_blocks: 
     return q, k, v, slots, batch, num_blocks
 
 
-def check_attention(bs, kvh, g, hd, seqs, window=0, softcap=0.0, seed=0, sinks=None) -> None:
-    """GPU attention == CPU attention on the same cache contents and batch."""
+def check_attention(bs, kvh, g, hd, seqs, window=0, softcap=0.0, seed=0, sinks=None, kv_type="f32") -> None:
+    """GPU attention == CPU attention on the same cache contents and batch (the stored K/V,
+    converted to kv_type, bit-identical)."""
     o = ops()
     rng = np.random.default_rng(seed)
     q, k, v, slots, batch, num_blocks = attention_case(rng, bs, kvh, g, hd, seqs)
     scale = 1.0 / np.sqrt(hd)
-    kv_cpu = cpu_allocate_kv(num_blocks, bs, kvh, hd)
+    kv_cpu = cpu_allocate_kv(num_blocks, bs, kvh, hd, kv_type)
     cpu_store_kv(kv_cpu, k, v, slots)
     want = cpu_attention(q, kv_cpu, batch, scale, window, softcap, sinks)
-    kv = o.allocate_kv(num_blocks, bs, kvh, hd)
+    kv = o.allocate_kv(num_blocks, bs, kvh, hd, kv_type)
     o.store_kv(kv, o.upload(k), o.upload(v), o.upload(slots))
-    np.testing.assert_array_equal(o.to_host(kv.k), kv_cpu.k)
-    np.testing.assert_array_equal(o.to_host(kv.v), kv_cpu.v)
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if getattr(kv_cpu, name) is not None:
+            np.testing.assert_array_equal(o.to_host(getattr(kv, name)), getattr(kv_cpu, name))
     got = o.to_host(o.attention(o.upload(q), kv, o.prepare_batch(batch), scale, window, softcap, sinks))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)

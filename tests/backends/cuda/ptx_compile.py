@@ -41,6 +41,7 @@ def _patch_toolkit(libdevice: str) -> None:
 def kernels():
     """(name, python function, signature) of every kernel of the CUDA backend."""
     from gguf import GGMLQuantizationType as T
+    from numba.core import types
     from numba.cuda import float32, int8, int32, uint8, uint16
 
     from edged.backends.cuda import act_quant, activations, attention, embed, matmul, norm_rope
@@ -72,11 +73,17 @@ def kernels():
         ("scale", activations._scale, (f1, float32, f1)),
         ("take_rows", activations._take_rows, (f2, i1, f2)),
         ("slice_cols", activations._slice_cols, (f2, int32, f2)),
-        ("zero", attention._zero, (f1,)),
-        ("store_kv", attention._store_kv, (f4, f4, f3, f3, i1)),
-        ("attention", attention._attention, (f3, f4, f4, i2, i1, i1, int32, float32, float32, int32, f1, f3, f3, f3, f4)),
         ("combine_chunks", attention._combine_chunks, (f3, f3, f4, f1, f3)),
     ]
+    # the KV cache types: float32, float16, q8_0 (int8 values, float16 scales)
+    h4, q4 = types.float16[:, :, :, ::1], int8[:, :, :, ::1]
+    for name, c, s in (("f32", f4, types.none), ("f16", h4, types.none), ("q8_0", q4, h4)):
+        out += [(f"zero {name}", attention._zero, (types.Array(c.dtype, 1, "C"),)),
+                (f"attention {name} KV", attention._attention,
+                 (f3, c, c, s, s, i2, i1, i1, int32, float32, float32, int32, f1, f3, f3, f3, f4))]
+    out += [("store_kv f32", attention._store_kv, (f4, f4, f3, f3, i1)),
+            ("store_kv f16", attention._store_kv, (h4, h4, f3, f3, i1)),
+            ("store_kv q8_0", attention._store_kv_q8, (q4, q4, h4, h4, f3, f3, i1))]
     return out
 
 

@@ -30,6 +30,12 @@ def test_sinks():
                     sinks=np.array([-1.0, 4.0], np.float32))
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_kv_types(kv_type):
+    """f16 / q8_0 caches: the same stored bits as the CPU's, attention reading them alike."""
+    check_attention(bs=4, kvh=1, g=2, hd=32, seqs=[(0, 3), (9, 1)], seed=6, kv_type=kv_type)
+
+
 def test_prefill_alone_and_decode_alone():
     check_attention(bs=4, kvh=1, g=1, hd=16, seqs=[(0, 7)], seed=3)
     check_attention(bs=4, kvh=1, g=1, hd=16, seqs=[(70, 1)], seed=4)  # 71 keys: three key tiles
