@@ -30,6 +30,7 @@ from edged.quant.types import TYPE_TRAITS, traits
 
 from edged.backends.cpu import matmul_float, matmul_kquants, matmul_legacy
 from edged.backends.cpu import matmul_iqgrid
+from edged.backends.cpu import matmul_lowbit
 
 # n at or below which gemv is used unless the kernel module sets its own: gemv reads each row once
 # for all n tokens but costs a full block dot per token, while gemm pays a 16-token tile whatever
@@ -40,7 +41,7 @@ GEMV_MAX_N = 4
 def _merge_tables():
     """qtype -> (gemv, gemm), and qtype -> the module's gemv threshold."""
     table, max_n = {}, {}
-    for mod in (matmul_float, matmul_legacy, matmul_kquants, matmul_iqgrid):
+    for mod in (matmul_float, matmul_legacy, matmul_kquants, matmul_iqgrid, matmul_lowbit):
         for qtype, pair in mod.KERNELS.items():
             if qtype in table:
                 raise RuntimeError(f"two kernel modules claim {qtype.name}")
