@@ -17,6 +17,10 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     add(a, b, out=None) (b same shape or a bias row [d]);  scale(x, s, out=None);  softcap(x, cap)
     allocate_kv(num_blocks, block_size, n_kv_heads, head_dim, kv_type="f16") -> LayerKV
         (in the backend's memory; kv_type one of KV_TYPES)
+    moe_combine(ys: list of [m_i, d], src int32 [n, c], weights float32 [n, c]) -> [n, d]
+        out[t] = sum_j weights[t, j] * Y[src[t, j]], j in order, Y = ys's rows concatenated
+        (the mixture-of-experts sum; src and weights are host arrays: the routing runs on the host.
+        CPU only: placement keeps MoE layers off a backend without it, models/moe.py)
 
 Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
     upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle

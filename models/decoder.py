@@ -10,7 +10,7 @@ places):
     o = rms_norm(o, post_attn_norm)          (optional: Gemma's sandwich norm)
     x = x + o
     h = rms_norm(x, ffn_norm)
-    f = (act(h @ Wgate) * (h @ Wup)) @ Wdown (or one fused Wgate|up)
+    f = (act(h @ Wgate) * (h @ Wup)) @ Wdown (or one fused Wgate|up; or a mixture of experts, models/moe.py)
     f = rms_norm(f, post_ffn_norm)           (optional)
     x = x + f
 
@@ -27,7 +27,9 @@ import numpy as np
 
 from edged.backends.base import Batch, LayerKV, RopeParams, check_kv_type, kv_row_bytes
 from edged.models.errors import ModelError
+from edged.models.ffn import GATED_ACTIVATIONS, gated_ffn
 from edged.models.hparams import HParams
+from edged.models.moe import MoEWeights, missing_ops as moe_missing_ops, moe_ffn
 from edged.quant.tensor import QTensor
 
 
@@ -63,11 +65,12 @@ class LayerWeights:
     attn_norm: np.ndarray  # float32 [n_embd]
     attn: AttentionWeights
     ffn_norm: np.ndarray  # float32 [n_embd]
-    ffn: FeedForwardWeights
+    ffn: FeedForwardWeights | None  # None when `moe` is set
     rope: RopeParams
     window: int = 0  # sliding-window size, 0 = global attention
     post_attn_norm: np.ndarray | None = None  # float32 [n_embd]
     post_ffn_norm: np.ndarray | None = None  # float32 [n_embd]
+    moe: MoEWeights | None = None  # a mixture-of-experts FFN instead of `ffn`
 
 
 class DecoderModel:
@@ -91,7 +94,7 @@ class DecoderModel:
         final_softcap: float = 0.0,
         attn_softcap: float = 0.0,
     ):
-        if ffn_act not in ("silu", "gelu_tanh"):
+        if ffn_act not in GATED_ACTIVATIONS:
             raise ModelError(f"unknown FFN activation {ffn_act!r}")
         self.hparams = hparams
         self.arch = hparams.arch
@@ -123,6 +126,11 @@ class DecoderModel:
         for ops in {id(o): o for o in [*layer_ops, output_ops]}.values():
             if ops is not self.host_ops:
                 self.check_backend(ops)
+        for i, (ops, lw) in enumerate(zip(layer_ops, self.layers)):
+            if lw.moe is not None and ops is not self.host_ops and moe_missing_ops(ops):
+                raise ModelError(f"layer {i} (blk.{i}): its mixture-of-experts weights cannot be placed on backend "
+                                 f"{getattr(ops, '__name__', type(ops).__name__)}: it has no "
+                                 f"{', '.join(moe_missing_ops(ops))} op; keep MoE layers on the host")
         self.layer_ops = list(layer_ops)
         self.output_ops = output_ops
         self._run_layers = [_placed(ops, lw, self.host_ops) for ops, lw in zip(self.layer_ops, self.layers)]
@@ -133,10 +141,13 @@ class DecoderModel:
         """(name, QTensor) of every weight the forward multiplies by (output included)."""
         yield self.output.name, self.output
         for lw in self.layers:
+            ffn = lw.ffn
             for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wo,
-                      lw.ffn.gate, lw.ffn.up, lw.ffn.down):
+                      *((ffn.gate, ffn.up, ffn.down) if ffn is not None else ())):
                 if w is not None:
                     yield w.name, w
+            if lw.moe is not None:
+                yield from lw.moe.matrices()
 
     def layer_bytes(self, i: int) -> int:
         """Bytes of layer i's weights (what placing it on a device uploads)."""
@@ -294,7 +305,7 @@ class DecoderModel:
             o = ops.rms_norm(o, lw.post_attn_norm, eps)
         x = ops.add(x, o, out=x)
         h = ops.rms_norm(x, lw.ffn_norm, eps)
-        f = self._ffn(ops, lw.ffn, h)
+        f = self._ffn(ops, lw.ffn, h) if lw.moe is None else moe_ffn(ops, lw.moe, h, self.ffn_act)
         if lw.post_ffn_norm is not None:
             f = ops.rms_norm(f, lw.post_ffn_norm, eps)
         x = ops.add(x, f, out=x)
@@ -327,15 +338,7 @@ class DecoderModel:
         return ops.attention(q, kv, batch, self.attn_scale, lw.window, self.attn_softcap)
 
     def _ffn(self, ops, f: FeedForwardWeights, h):
-        if f.gate is None:
-            gu = ops.matmul(f.up, h)  # [n, 2*n_ff]: gate | up
-            half = gu.shape[1] // 2
-            gate, up = ops.slice_cols(gu, 0, half), ops.slice_cols(gu, half, 2 * half)
-        else:
-            gate = ops.matmul(f.gate, h)  # [n, n_ff]
-            up = ops.matmul(f.up, h)  # [n, n_ff]
-        act = ops.gelu_tanh_mul(gate, up) if self.ffn_act == "gelu_tanh" else ops.silu_mul(gate, up)
-        return ops.matmul(f.down, act)  # [n, n_embd]
+        return gated_ffn(ops, f, h, self.ffn_act)  # [n, n_embd]
 
 
 def _nbytes(w) -> int:
@@ -354,11 +357,15 @@ def _placed(ops, w, host_ops):
     if ops is host_ops or w is None:
         return w
     if isinstance(w, QTensor):
+        if len(w.shape) == 3:  # stacked experts [n_expert, rows, cols]: one matrix per expert
+            return tuple(ops.upload_matrix(s) for s in w.slabs())
         return ops.upload_matrix(w)
     if isinstance(w, np.ndarray):
         return ops.upload(w)
     if is_dataclass(w) and not isinstance(w, RopeParams):
-        return type(w)(**{f.name: _placed(ops, getattr(w, f.name), host_ops) for f in fields(w)})
+        host = getattr(w, "HOST_FIELDS", ())  # read on the host (MoE routing): not uploaded
+        return type(w)(**{f.name: (getattr(w, f.name) if f.name in host
+                                   else _placed(ops, getattr(w, f.name), host_ops)) for f in fields(w)})
     return w
 
 

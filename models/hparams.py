@@ -227,3 +227,34 @@ def read_hparams(gf, vocab_size: int, yarn: bool = False) -> HParams:
         read_yarn(gf, hp)
     check_rope_angles(path, f"{key('rope.freq_base')}, {key('rope.scaling.factor')}", hp)
     return hp
+
+
+@dataclass
+class ExpertHParams:
+    """Mixture-of-experts sizes (keys <arch>.expert_*), read by read_expert_hparams."""
+
+    n_expert: int  # expert_count
+    n_expert_used: int  # expert_used_count: experts each token is routed to
+    n_ff_exp: int  # expert_feed_forward_length (absent: feed_forward_length / expert_used_count, as llama.cpp)
+    weights_scale: float = 1.0  # expert_weights_scale (absent or 0: no scaling)
+
+
+def read_expert_hparams(gf, hp: HParams) -> ExpertHParams:
+    """The expert counts of a MoE file, validated (ModelError naming the key); also kept in
+    hp.extra["experts"]. The tensor shapes they imply are checked when the experts are loaded."""
+    arch, path = gf.architecture, gf.path
+    n_expert = int_range(gf, f"{arch}.expert_count")
+    used_key = f"{arch}.expert_used_count"
+    n_used = gf.get_int(used_key)
+    if not 1 <= n_used <= n_expert:
+        fail(path, used_key, n_used, f"must be in [1, {arch}.expert_count = {n_expert}]")
+    n_ff_exp = int_range(gf, f"{arch}.expert_feed_forward_length", default=None)
+    if n_ff_exp is None:
+        n_ff_exp = hp.n_ff // n_used
+        if n_ff_exp < 1:
+            fail(path, f"{arch}.feed_forward_length", hp.n_ff, f"{arch}.expert_feed_forward_length is absent "
+                 f"and feed_forward_length / expert_used_count ({n_used}) is 0")
+    scale = finite_positive(gf, f"{arch}.expert_weights_scale", default=0.0, zero_means_unset=True)
+    ex = ExpertHParams(n_expert, n_used, n_ff_exp, scale if scale > 0 else 1.0)
+    hp.extra["experts"] = ex
+    return ex

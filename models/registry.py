@@ -11,6 +11,7 @@ ARCHITECTURES = {
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3moe": "qwen3moe",
     "phi3": "phi3",
 }
 

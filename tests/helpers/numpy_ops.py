@@ -94,6 +94,12 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     return (cap * np.tanh(x.astype(np.float64) / cap)).astype(np.float32)
 
 
+def moe_combine(ys, src: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """out[t] = sum_j weights[t, j] * Y[src[t, j]] with Y = ys's rows concatenated: [n, d]."""
+    y = np.concatenate([np.asarray(a, dtype=np.float64) for a in ys])  # [m, d]
+    return np.einsum("nc,ncd->nd", weights.astype(np.float64), y[src]).astype(np.float32)
+
+
 def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                 kv_type: str = KV_DEFAULT) -> LayerKV:
     """Zeroed paged cache [num_blocks, block_size, n_kv_heads, head_dim] for K and V: float32,

@@ -2,7 +2,7 @@
 
 Realistic metadata (the keys real converters write), weights in a mix of types (F32, F16, Q8_0,
 Q5_0, Q4_0, Q4_K, Q6_K) and a minimal tokenizer vocabulary (SentencePiece-style for gemma3 / gemma2 /
-llama / phi3, byte-level BPE for qwen2 / qwen3) so CLI tests can use the files too. gemma2 also has
+llama / phi3, byte-level BPE for qwen2 / qwen3 / qwen3moe) so CLI tests can use the files too. gemma2 also has
 Gemma's turn tokens and its real chat template, as converted Gemma 2 files do.
 
     path = write_tiny_model(tmp_path / "m.gguf", "gemma3", sliding_window=4)
@@ -19,7 +19,7 @@ from gguf.quants import quantize
 from edged.quant.types import row_bytes
 from tests.helpers.qdata import random_qtensor
 
-ARCHS = ("gemma3", "gemma2", "llama", "qwen2", "qwen3", "phi3")
+ARCHS = ("gemma3", "gemma2", "llama", "qwen2", "qwen3", "qwen3moe", "phi3")
 
 
 @dataclass
@@ -44,6 +44,9 @@ class TinySpec:
     write_key_length: bool = False
     extra_kv: dict = field(default_factory=dict)
     added_tokens: tuple = ()  # BPE only: USER_DEFINED tokens (e.g. "<tool_call>") in the last padding slots
+    n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # experts per token
+    n_ff_exp: int = 0  # rows of each expert's gate/up (a multiple of 256 so ffn_down_exps can be a K-quant)
     attn_softcap: float | None = None  # <arch>.attn_logit_softcapping, written when set (gemma2)
     final_softcap: float | None = None  # <arch>.final_logit_softcapping
 
@@ -59,6 +62,9 @@ def default_spec(arch: str, **overrides) -> TinySpec:
         "llama": dict(eps=1e-5, tied=False),
         "qwen2": dict(rope_base=1000000.0),
         "qwen3": dict(head_dim=32, write_key_length=True, rope_base=1000000.0, tied=False),
+        # n_ff (metadata only for MoE) differs from n_ff_exp, so a mix-up of the two cannot pass
+        "qwen3moe": dict(head_dim=32, write_key_length=True, rope_base=1000000.0, tied=False, n_ff=768,
+                         n_expert=8, n_expert_used=2, n_ff_exp=256),
         "phi3": dict(n_kv_heads=4, eps=1e-5, tied=False),
     }[arch]
     return replace(TinySpec(arch=arch, **base), **overrides)
@@ -113,19 +119,27 @@ def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
         if a == "qwen2":
             for n_, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 t[f"{p}.attn_{n_}.bias"] = ((rng.standard_normal(rows) * 0.1).astype(np.float32), None)
-        if a in ("gemma3", "qwen3"):
+        if a in ("gemma3", "qwen3", "qwen3moe"):
             t[f"{p}.attn_q_norm.weight"] = (_norm(rng, hd), None)
             t[f"{p}.attn_k_norm.weight"] = (_norm(rng, hd), None)
         if a in ("gemma3", "gemma2"):
             t[f"{p}.post_attention_norm.weight"] = (_norm(rng, e), None)
             t[f"{p}.post_ffw_norm.weight"] = (_norm(rng, e), None)
         t[f"{p}.ffn_norm.weight"] = (_norm(rng, e), None)
-        if a == "phi3":
+        if spec.n_expert:  # router [n_expert, n_embd] (F32, as converters keep it) and stacked experts
+            n_x, fe = spec.n_expert, spec.n_ff_exp
+            t[f"{p}.ffn_gate_inp.weight"] = ((rng.standard_normal((n_x, e)) * 0.5).astype(np.float32), None)
+            for name, rows, cols, qtype in (("ffn_gate_exps", fe, e, T.Q8_0), ("ffn_up_exps", fe, e, T.Q8_0),
+                                            ("ffn_down_exps", e, fe, (T.Q4_K, T.Q8_0)[i % 2])):
+                arr, raw = _quantized(rng, qtype, n_x * rows, cols, f"{p}.{name}.weight")
+                t[f"{p}.{name}.weight"] = (arr.reshape(n_x, rows, -1), raw)  # [n_expert, rows, row bytes]
+        elif a == "phi3":
             w("ffn_up.weight", 2 * ff, e, T.Q5_0)
         else:
             w("ffn_gate.weight", ff, e, T.Q5_0 if i % 2 else T.F16)
             w("ffn_up.weight", ff, e, T.Q4_0 if i % 2 else T.Q8_0)
-        w("ffn_down.weight", e, ff, down_types[i % 2])
+        if not spec.n_expert:
+            w("ffn_down.weight", e, ff, down_types[i % 2])
     return t
 
 
@@ -204,7 +218,7 @@ def _bpe_vocab(n: int):
 
 
 def _write_tokenizer(wr: gguf.GGUFWriter, spec: TinySpec) -> None:
-    if spec.arch in ("qwen2", "qwen3"):
+    if spec.arch in ("qwen2", "qwen3", "qwen3moe"):
         tokens, types, merges, ids = _bpe_vocab(spec.vocab)
         first = spec.vocab - 3 - len(spec.added_tokens)  # the three specials come last
         assert all(t.startswith("<unused") for t in tokens[first : spec.vocab - 3]), "vocab too small"
@@ -270,6 +284,10 @@ def write_tiny_model(path, arch: str, *, seed: int = 0, omit: tuple = (), reshap
         wr.add_vocab_size(spec.vocab)
     if spec.sliding_window:
         wr.add_sliding_window(spec.sliding_window)
+    if spec.n_expert:
+        wr.add_expert_count(spec.n_expert)
+        wr.add_expert_used_count(spec.n_expert_used)
+        wr.add_expert_feed_forward_length(spec.n_ff_exp)
     if spec.rope_scaling == "linear":
         wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         wr.add_rope_scaling_factor(2.0)

@@ -32,7 +32,8 @@ class ReferenceModel:
     def logits(self, tokens) -> np.ndarray:
         """Logits of every position of one sequence starting at position 0: [len(tokens), vocab]."""
         fwd = {"gemma3": self._gemma3, "gemma2": self._gemma2, "llama": self._llama, "mistral": self._llama,
-               "qwen2": self._llama, "qwen3": self._llama, "phi3": self._phi3}[self.arch]
+               "qwen2": self._llama, "qwen3": self._llama, "qwen3moe": self._llama,
+               "phi3": self._phi3}[self.arch]
         return fwd(np.asarray(tokens))
 
     # --- building blocks ---------------------------------------------------------------------
@@ -138,9 +139,9 @@ class ReferenceModel:
         return final_cap * np.tanh(self.output(x) / final_cap)
 
     def _llama(self, tokens):
-        """llama / qwen2 (biases) / qwen3 (q/k norms): pre-norm, SiLU gated FFN."""
+        """llama / qwen2 (biases) / qwen3 (q/k norms) / qwen3moe (experts): pre-norm, SiLU gated FFN."""
         H, KVH, d = self._heads()
-        neox = self.arch in ("qwen2", "qwen3")  # llama / mistral: interleaved pairs
+        neox = self.arch in ("qwen2", "qwen3", "qwen3moe")  # llama / mistral: interleaved pairs
         scale = 1.0 / self.m("rope.scaling.factor", 1.0) if self.m("rope.scaling.type") == "linear" else 1.0
         factors = self.w.get("rope_freqs.weight")
         yarn = self.yarn()
@@ -158,9 +159,28 @@ class ReferenceModel:
             k = self.rope(k, self.m("rope.freq_base"), neox, scale, factors, yarn)
             x = x + self.attend(q, k, v, 1 / math.sqrt(d)) @ self.w[p + "attn_output.weight"].T
             h = self.norm(x, p + "ffn_norm.weight")
+            if p + "ffn_gate_inp.weight" in self.w:
+                x = x + self._qwen3moe_experts(h, p)
+                continue
             g = h @ self.w[p + "ffn_gate.weight"].T
             x = x + (g / (1 + np.exp(-g)) * (h @ self.w[p + "ffn_up.weight"].T)) @ self.w[p + "ffn_down.weight"].T
         return self.output(x)
+
+    def _qwen3moe_experts(self, h, p):
+        """One token and one chosen expert at a time: softmax over all experts, the top
+        expert_used_count (ties to the lower id), their weights renormalised to sum 1, SwiGLU."""
+        k = self.m("expert_used_count")
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        gate, up, down = (self.w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            top = np.argsort(-probs[t], kind="stable")[:k]
+            for e, wt in zip(top, probs[t, top] / probs[t, top].sum()):
+                g = gate[e] @ h[t]
+                out[t] += wt * (down[e] @ (g / (1 + np.exp(-g)) * (up[e] @ h[t])))
+        return out
 
     def _phi3(self, tokens):
         """Fused qkv and gate|up projections, NEOX RoPE, no sliding window (as llama.cpp)."""

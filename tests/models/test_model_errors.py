@@ -15,7 +15,7 @@ def _load(path):
 
 
 def test_supported_list():
-    assert supported_architectures() == ["gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3"]
+    assert supported_architectures() == ["gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3moe"]
     assert ALIASES["mistral"] == "llama"
     assert architecture_module("mistral").ARCH == "llama"
     assert issubclass(ModelError, ValueError)

@@ -5,7 +5,8 @@ Variants: Gemma 3 (6 layers: 5 sliding-window + 1 global, and without a window);
 alternating sliding-window and global, attention and final logit softcaps); Llama (plain,
 linear RoPE scaling with tied output, Llama 3 rope_freqs, the mistral alias, YaRN); Phi-3 (fused attn_qkv
 and gate|up ffn_up); Qwen2 (q/k/v biases, tied output); Qwen3 (per-head q/k RMS norms, head_dim
-32 ≠ n_embd / n_heads).
+32 ≠ n_embd / n_heads); Qwen3-MoE (Qwen3's attention, 8 experts top-2 in every layer: Q8_0 gate/up,
+Q4_K / Q8_0 down, F32 router).
 """
 
 import numpy as np
@@ -56,6 +57,13 @@ def _qwen3_loaded(model, gf):
     assert model.layers[0].rope.neox and model.output is not model.token_embd
 
 
+def _qwen3moe_loaded(model, gf):
+    _qwen3_loaded(model, gf)
+    moe = model.layers[0].moe
+    assert model.layers[0].ffn is None and (moe.n_expert, moe.n_expert_used) == (8, 2)
+    assert moe.up_exps.shape == (8, 256, 64) and moe.down_exps.qtype.name == "Q4_K"
+
+
 # case id -> (architecture, write_tiny_model options, check of what loaded)
 VARIANTS = {
     "gemma3-window4": ("gemma3", dict(sliding_window=4), _gemma3_loaded),
@@ -69,6 +77,7 @@ VARIANTS = {
     "phi3": ("phi3", {}, _phi3_loaded),
     "qwen2": ("qwen2", {}, _qwen2_loaded),
     "qwen3": ("qwen3", {}, _qwen3_loaded),
+    "qwen3moe": ("qwen3moe", {}, _qwen3moe_loaded),
 }
 
 
