@@ -4,6 +4,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edged.models.errors import ModelError
+from edged.quant.scale_fields import E8M0_FIELDS, E8M0_MAX_FINITE, F16_FIELDS, SPLIT_F16, split_f16_bits
 from edged.quant.tensor import QTensor
 
 
@@ -59,13 +60,6 @@ def as_f32_vector(qt: QTensor, path="") -> np.ndarray:
     raise ModelError(f"{path}: 1-D tensor {qt.name!r} has type {qt.qtype.name}; expected F32, F16 or BF16")
 
 
-# byte offsets of each block's float16 scales (ggml's block layouts): a NaN or inf scale makes the
-# whole block, and so the logits, non-finite; the integer parts of a block cannot
-_F16_SCALES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-               T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-               T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
-
-
 def check_finite(qt: QTensor, path="") -> None:
     """ModelError if a float tensor holds a NaN or inf, or a quantized one a NaN or inf block scale
     (found by fuzzing: such a file loaded and gave NaN logits). One vectorised pass over the values
@@ -75,9 +69,15 @@ def check_finite(qt: QTensor, path="") -> None:
     elif qt.qtype in (T.F16, T.BF16):  # all exponent bits set: inf or NaN
         mask = 0x7C00 if qt.qtype == T.F16 else 0x7F80
         bad = ((qt.data.view(np.uint16) & mask) == mask).any()
-    elif qt.qtype in _F16_SCALES:  # the high byte of each little-endian float16 scale
+    elif qt.qtype in F16_FIELDS:  # the high byte of each little-endian float16 scale
         blocks = qt.data.reshape(-1, GGML_QUANT_SIZES[qt.qtype][1])
-        bad = any(((blocks[:, o + 1] & 0x7C) == 0x7C).any() for o in _F16_SCALES[qt.qtype])
+        bad = any(((blocks[:, o + 1] & 0x7C) == 0x7C).any() for o in F16_FIELDS[qt.qtype])
+    elif qt.qtype in SPLIT_F16:
+        blocks = qt.data.reshape(-1, GGML_QUANT_SIZES[qt.qtype][1])
+        bad = ((split_f16_bits(blocks, SPLIT_F16[qt.qtype]) & 0x7C00) == 0x7C00).any()
+    elif qt.qtype in E8M0_FIELDS:  # a power-of-two scale so large that its block overflows float32
+        blocks = qt.data.reshape(-1, GGML_QUANT_SIZES[qt.qtype][1])
+        bad = any((blocks[:, o] > E8M0_MAX_FINITE).any() for o in E8M0_FIELDS[qt.qtype])
     else:
         return
     if bad:

@@ -8,36 +8,12 @@ with small finite values so dequantized weights look like real ones (|w| ~ 0.05)
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from edged.quant.scale_fields import E8M0_FIELDS as _E8M0_FIELDS
+from edged.quant.scale_fields import F16_FIELDS as _F16_FIELDS
+from edged.quant.scale_fields import SPLIT_F16 as _SPLIT_F16
 from edged.quant.tensor import QTensor
 from edged.quant.types import traits
 
-# byte offsets of fp16 scale fields inside one block, per type
-_F16_FIELDS = {
-    T.Q4_0: (0,),
-    T.Q4_1: (0, 2),
-    T.Q5_0: (0,),
-    T.Q5_1: (0, 2),
-    T.Q8_0: (0,),
-    T.Q2_K: (80, 82),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-    T.IQ4_NL: (0,),
-    T.IQ4_XS: (0,),
-    T.IQ2_XXS: (0,),
-    T.IQ2_XS: (0,),
-    T.IQ2_S: (0,),
-    T.IQ3_XXS: (0,),
-    T.IQ3_S: (0,),
-    T.IQ1_S: (0,),
-    T.TQ1_0: (52,),
-    T.TQ2_0: (64,),
-}
-# IQ1_M has no whole fp16 field: its d is the top nibbles of the 4 uint16 scales at this offset
-_SPLIT_F16 = {T.IQ1_M: 48}
-# E8M0 scale bytes: the block scale is the power of two 2^(e - 128) (MXFP4's doubled value table)
-_E8M0_FIELDS = {T.MXFP4: (0,)}
 # types whose first block scale is an fp16 (set_f16_scale writes it)
 F16_SCALED = tuple(_F16_FIELDS) + tuple(_SPLIT_F16)
 
