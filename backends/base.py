@@ -43,12 +43,6 @@ class RopeParams:
     neox: bool  # True: rotate pairs (i, i + dim/2) (Gemma, Qwen, Phi-3); False: pairs (2i, 2i+1) (Llama)
     freq_scale: float = 1.0  # linear scaling: positions multiplied by this
     freq_factors: np.ndarray | None = None  # float32 [dim/2]: per-frequency divisors (Llama 3 rope_freqs)
-
-
-@dataclass
-class Batch:
-    """One engine step, flattened: the tokens of each sequence are contiguous.
-
     # YaRN (ggml_rope_ext's last four arguments): ext_factor 0 = off; else each pair's angle mixes
     # the interpolated (freq_scale) and extrapolated (unscaled) one by a ramp over the pairs
     # between the correction dims of beta_fast/beta_slow rotations in orig_ctx positions, and
@@ -58,6 +52,12 @@ class Batch:
     orig_ctx: int = 0  # the context the model was trained at before the extension
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+
+
+@dataclass
+class Batch:
+    """One engine step, flattened: the tokens of each sequence are contiguous.
+
     Sequence s owns tokens seq_starts[s]:seq_starts[s+1]; after this step its context holds
     seq_lens[s] tokens whose KV lives in blocks block_tables[s, :ceil(seq_lens[s]/block_size)].
     When sliding-window layers have their own KV blocks (edged.kv.manager's second group), they
