@@ -6,7 +6,7 @@ places):
     h = rms_norm(x, attn_norm)
     q, k, v = h @ Wq, h @ Wk, h @ Wv        (or one fused Wqkv; optional biases)
     q, k = rms_norm per head (optional q/k norms); rope(q), rope(k)    (per-layer RoPE params)
-    store k, v in the paged cache; o = attention(q, cache, scale, window, softcap) @ Wo
+    store k, v in the paged cache; o = attention(q, cache, scale, window, softcap, sinks) @ Wo (+ bias)
     o = rms_norm(o, post_attn_norm)          (optional: Gemma's sandwich norm)
     x = x + o
     h = rms_norm(x, ffn_norm)
@@ -47,6 +47,8 @@ class AttentionWeights:
     bv: np.ndarray | None = None
     q_norm: np.ndarray | None = None  # float32 [head_dim] (Gemma 3, Qwen3)
     k_norm: np.ndarray | None = None
+    bo: np.ndarray | None = None  # float32 [n_embd]: output projection bias (gpt-oss)
+    sinks: np.ndarray | None = None  # float32 [n_heads]: per-head sink logits in the softmax (gpt-oss)
 
 
 @dataclass
@@ -301,6 +303,8 @@ class DecoderModel:
             if n == 0:  # a pure prefill chunk: the KV is written, no logits are wanted
                 return x
         o = ops.matmul(lw.attn.wo, o.reshape(n, o.shape[1] * o.shape[2]))  # [n, n_embd]
+        if lw.attn.bo is not None:
+            o = ops.add(o, lw.attn.bo, out=o)
         if lw.post_attn_norm is not None:
             o = ops.rms_norm(o, lw.post_attn_norm, eps)
         x = ops.add(x, o, out=x)
@@ -335,6 +339,8 @@ class DecoderModel:
         q = ops.rope(q.reshape(n, nh, hd), batch.positions, lw.rope)  # [n, nh, hd]
         k = ops.rope(k.reshape(n, nkv, hd), batch.positions, lw.rope)  # [n, nkv, hd]
         ops.store_kv(kv, k, v.reshape(n, nkv, hd), batch.slot_mapping)
+        if a.sinks is not None:
+            return ops.attention(q, kv, batch, self.attn_scale, lw.window, self.attn_softcap, sinks=a.sinks)
         return ops.attention(q, kv, batch, self.attn_scale, lw.window, self.attn_softcap)
 
     def _ffn(self, ops, f: FeedForwardWeights, h):
@@ -370,8 +376,9 @@ def _placed(ops, w, host_ops):
 
 
 def attention_weights(ts, prefix: str, hp: HParams, *, fused: bool = False, biases: bool = False,
-                      qk_norm: bool = False) -> AttentionWeights:
-    """Look up `<prefix>.attn_*` tensors with the shapes `hp` implies (ModelError otherwise)."""
+                      qk_norm: bool = False, out_bias: bool = False, sinks: bool = False) -> AttentionWeights:
+    """Look up `<prefix>.attn_*` tensors with the shapes `hp` implies (ModelError otherwise):
+    q/k/v biases, q/k norms, the output bias and the sinks (attn_sinks.weight) where asked for."""
     e, hd, nh, nkv = hp.n_embd, hp.head_dim, hp.n_heads, hp.n_kv_heads
     a = AttentionWeights(wo=ts.get(f"{prefix}.attn_output.weight", (e, nh * hd)))
     if fused and ts.has(f"{prefix}.attn_qkv.weight"):
@@ -387,6 +394,10 @@ def attention_weights(ts, prefix: str, hp: HParams, *, fused: bool = False, bias
     if qk_norm:
         a.q_norm = ts.vector(f"{prefix}.attn_q_norm.weight", hd)
         a.k_norm = ts.vector(f"{prefix}.attn_k_norm.weight", hd)
+    if out_bias:
+        a.bo = ts.vector(f"{prefix}.attn_output.bias", e)
+    if sinks:
+        a.sinks = ts.vector(f"{prefix}.attn_sinks.weight", nh)
     return a
 
 

@@ -8,6 +8,7 @@ from edged.models.errors import ModelError
 ARCHITECTURES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "gpt-oss": "gpt_oss",
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",

@@ -17,9 +17,13 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from edged.quant.types import row_bytes
+from tests.helpers.harmony_template import HARMONY_CHAT_TEMPLATE, HARMONY_TOKENS
 from tests.helpers.qdata import random_qtensor
 
-ARCHS = ("gemma3", "gemma2", "llama", "qwen2", "qwen3", "qwen3moe", "phi3")
+# gpt-oss's experts: MXFP4, as the released files
+GPT_OSS_EXPERT_TYPE = T.MXFP4
+
+ARCHS = ("gemma3", "gemma2", "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gpt-oss")
 
 
 @dataclass
@@ -66,6 +70,10 @@ def default_spec(arch: str, **overrides) -> TinySpec:
         "qwen3moe": dict(head_dim=32, write_key_length=True, rope_base=1000000.0, tied=False, n_ff=768,
                          n_expert=8, n_expert_used=2, n_ff_exp=256),
         "phi3": dict(n_kv_heads=4, eps=1e-5, tied=False),
+        # gpt-oss-20b's shape in small: head_dim != n_embd / n_heads, a window on the even layers,
+        # YaRN, every layer a MoE with biases (experts in GPT_OSS_EXPERT_TYPE), output not tied
+        "gpt-oss": dict(head_dim=32, write_key_length=True, rope_base=150000.0, eps=1e-5, tied=False,
+                        sliding_window=4, rope_scaling="yarn", n_expert=8, n_expert_used=4, n_ff_exp=64),
     }[arch]
     return replace(TinySpec(arch=arch, **base), **overrides)
 
@@ -116,23 +124,33 @@ def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
             w("attn_k.weight", nkv * hd, e, T.Q4_0 if i % 2 else T.Q5_0)
             w("attn_v.weight", nkv * hd, e, T.Q8_0)
         w("attn_output.weight", e, nh * hd, T.F16 if i % 2 else T.Q8_0)
-        if a == "qwen2":
+        if a in ("qwen2", "gpt-oss"):
             for n_, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 t[f"{p}.attn_{n_}.bias"] = ((rng.standard_normal(rows) * 0.1).astype(np.float32), None)
+        if a == "gpt-oss":  # the output bias and one sink logit per head (large enough to take a share)
+            t[f"{p}.attn_output.bias"] = ((rng.standard_normal(e) * 0.1).astype(np.float32), None)
+            t[f"{p}.attn_sinks.weight"] = (rng.uniform(-1.0, 2.0, nh).astype(np.float32), None)
         if a in ("gemma3", "qwen3", "qwen3moe"):
             t[f"{p}.attn_q_norm.weight"] = (_norm(rng, hd), None)
             t[f"{p}.attn_k_norm.weight"] = (_norm(rng, hd), None)
         if a in ("gemma3", "gemma2"):
             t[f"{p}.post_attention_norm.weight"] = (_norm(rng, e), None)
             t[f"{p}.post_ffw_norm.weight"] = (_norm(rng, e), None)
-        t[f"{p}.ffn_norm.weight"] = (_norm(rng, e), None)
+        # gpt-oss names the FFN's input norm post_attention_norm
+        t[f"{p}.{'post_attention_norm' if a == 'gpt-oss' else 'ffn_norm'}.weight"] = (_norm(rng, e), None)
         if spec.n_expert:  # router [n_expert, n_embd] (F32, as converters keep it) and stacked experts
             n_x, fe = spec.n_expert, spec.n_ff_exp
             t[f"{p}.ffn_gate_inp.weight"] = ((rng.standard_normal((n_x, e)) * 0.5).astype(np.float32), None)
             for name, rows, cols, qtype in (("ffn_gate_exps", fe, e, T.Q8_0), ("ffn_up_exps", fe, e, T.Q8_0),
                                             ("ffn_down_exps", e, fe, (T.Q4_K, T.Q8_0)[i % 2])):
+                if a == "gpt-oss":
+                    qtype = GPT_OSS_EXPERT_TYPE
                 arr, raw = _quantized(rng, qtype, n_x * rows, cols, f"{p}.{name}.weight")
                 t[f"{p}.{name}.weight"] = (arr.reshape(n_x, rows, -1), raw)  # [n_expert, rows, row bytes]
+                if a == "gpt-oss":  # a bias per expert: [n_expert, rows]
+                    t[f"{p}.{name}.bias"] = ((rng.standard_normal((n_x, rows)) * 0.1).astype(np.float32), None)
+            if a == "gpt-oss":
+                t[f"{p}.ffn_gate_inp.bias"] = ((rng.standard_normal(n_x) * 0.5).astype(np.float32), None)
         elif a == "phi3":
             w("ffn_up.weight", 2 * ff, e, T.Q5_0)
         else:
@@ -218,12 +236,18 @@ def _bpe_vocab(n: int):
 
 
 def _write_tokenizer(wr: gguf.GGUFWriter, spec: TinySpec) -> None:
-    if spec.arch in ("qwen2", "qwen3", "qwen3moe"):
+    if spec.arch in ("qwen2", "qwen3", "qwen3moe", "gpt-oss"):
         tokens, types, merges, ids = _bpe_vocab(spec.vocab)
-        first = spec.vocab - 3 - len(spec.added_tokens)  # the three specials come last
+        harmony = HARMONY_TOKENS if spec.arch == "gpt-oss" else ()
+        first = spec.vocab - 3 - len(spec.added_tokens) - len(harmony)  # the three specials come last
         assert all(t.startswith("<unused") for t in tokens[first : spec.vocab - 3]), "vocab too small"
         for i, t in enumerate(spec.added_tokens):
             tokens[first + i], types[first + i] = t, 4  # USER_DEFINED, as Qwen 2.5's <tool_call>
+        for i, t in enumerate(harmony, first + len(spec.added_tokens)):
+            tokens[i], types[i] = t, 3  # CONTROL, as in converted gpt-oss files
+        if harmony:  # gpt-oss's eos is <|return|>; its template is harmony's
+            ids["eos"] = tokens.index("<|return|>")
+            wr.add_chat_template(HARMONY_CHAT_TEMPLATE)
         wr.add_tokenizer_model("gpt2")
         wr.add_tokenizer_pre("qwen2")
         wr.add_token_list(tokens)

@@ -33,7 +33,7 @@ class ReferenceModel:
         """Logits of every position of one sequence starting at position 0: [len(tokens), vocab]."""
         fwd = {"gemma3": self._gemma3, "gemma2": self._gemma2, "llama": self._llama, "mistral": self._llama,
                "qwen2": self._llama, "qwen3": self._llama, "qwen3moe": self._llama,
-               "phi3": self._phi3}[self.arch]
+               "phi3": self._phi3, "gpt-oss": self._gpt_oss}[self.arch]
         return fwd(np.asarray(tokens))
 
     # --- building blocks ---------------------------------------------------------------------
@@ -57,8 +57,9 @@ class ReferenceModel:
         return out
 
     @staticmethod
-    def attend(q, k, v, scale, window=0, softcap=0.0):
-        """Dense causal GQA attention: q [T, H, d], k/v [T, KVH, d] -> [T, H*d]."""
+    def attend(q, k, v, scale, window=0, softcap=0.0, sinks=None):
+        """Dense causal GQA attention: q [T, H, d], k/v [T, KVH, d] -> [T, H*d]; sinks [H]: one
+        more logit per head in the softmax's denominator (gpt-oss), attending to nothing."""
         T, H, d = q.shape
         rep = H // k.shape[1]
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -68,9 +69,14 @@ class ReferenceModel:
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
         mask = (j <= i) & ((i - j < window) if window else True)
         s = np.where(mask[None], s, -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        return np.einsum("htj,jhd->thd", p, v).reshape(T, H * d)
+        mx = s.max(-1, keepdims=True)
+        if sinks is not None:
+            mx = np.maximum(mx, sinks[:, None, None])
+        p = np.exp(s - mx)
+        denom = p.sum(-1, keepdims=True)
+        if sinks is not None:
+            denom = denom + np.exp(sinks[:, None, None] - mx)
+        return np.einsum("htj,jhd->thd", p / denom, v).reshape(T, H * d)
 
     def yarn(self):
         """The file's YaRN scaling (rope.scaling.type "yarn"), or None."""
@@ -199,3 +205,39 @@ class ReferenceModel:
             g, u = np.split(h @ self.w[p + "ffn_up.weight"].T, 2, axis=1)
             x = x + (g / (1 + np.exp(-g)) * u) @ self.w[p + "ffn_down.weight"].T
         return self.output(x)
+
+    def _gpt_oss(self, tokens):
+        """gpt-oss: biased q/k/v/o, NEOX RoPE with YaRN, sinks, a window on the layers
+        il % pattern < pattern - 1; then per token the top expert_used_count router logits (+ bias;
+        ties to the lower id), softmax over those, each expert's clamped SwiGLU with its biases."""
+        H, KVH, d = self._heads()
+        window, pattern = self.m("attention.sliding_window"), self.m("attention.sliding_window_pattern", 2)
+        base, yarn = self.m("rope.freq_base"), self.yarn()
+        x = self.w["token_embd.weight"][tokens]
+        T = len(tokens)
+        for il in range(self.m("block_count")):
+            p = f"blk.{il}."
+            h = self.norm(x, p + "attn_norm.weight")
+            q, k, v = (h @ self.w[p + f"attn_{n}.weight"].T + self.w[p + f"attn_{n}.bias"] for n in "qkv")
+            q = self.rope(q.reshape(T, H, d), base, True, yarn=yarn)
+            k = self.rope(k.reshape(T, KVH, d), base, True, yarn=yarn)
+            local = il % pattern < pattern - 1
+            o = self.attend(q, k, v.reshape(T, KVH, d), 1 / math.sqrt(d), window if local else 0,
+                            sinks=self.w[p + "attn_sinks.weight"])
+            x = x + o @ self.w[p + "attn_output.weight"].T + self.w[p + "attn_output.bias"]
+            x = x + self._gpt_oss_experts(self.norm(x, p + "post_attention_norm.weight"), p)
+        return self.output(x)
+
+    def _gpt_oss_experts(self, h, p, alpha=1.702, limit=7.0):
+        k = self.m("expert_used_count")
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T + self.w[p + "ffn_gate_inp.bias"]  # [T, n_expert]
+        w = {n: (self.w[p + f"ffn_{n}_exps.weight"], self.w[p + f"ffn_{n}_exps.bias"]) for n in ("gate", "up", "down")}
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            top = np.argsort(-logits[t], kind="stable")[:k]
+            wt = np.exp(logits[t, top] - logits[t, top].max())
+            for e, c in zip(top, wt / wt.sum()):
+                g = np.minimum(w["gate"][0][e] @ h[t] + w["gate"][1][e], limit)
+                u = np.clip(w["up"][0][e] @ h[t] + w["up"][1][e], -limit, limit)
+                out[t] += c * (w["down"][0][e] @ (g / (1 + np.exp(-alpha * g)) * (u + 1)) + w["down"][1][e])
+        return out

@@ -15,7 +15,8 @@ def _load(path):
 
 
 def test_supported_list():
-    assert supported_architectures() == ["gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3moe"]
+    assert supported_architectures() == ["gemma2", "gemma3", "gpt-oss", "llama", "mistral", "phi3", "qwen2",
+                                         "qwen3", "qwen3moe"]
     assert ALIASES["mistral"] == "llama"
     assert architecture_module("mistral").ARCH == "llama"
     assert issubclass(ModelError, ValueError)
@@ -23,7 +24,7 @@ def test_supported_list():
 
 def test_unknown_architecture(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", arch_name="gpt2")
-    with pytest.raises(ModelError, match=r"unsupported architecture 'gpt2'.*gemma3, llama, mistral, phi3, qwen2, qwen3"):
+    with pytest.raises(ModelError, match=r"unsupported architecture 'gpt2'.*gemma3, gpt-oss, llama, mistral, phi3, qwen2, qwen3"):
         _load(path)
 
 

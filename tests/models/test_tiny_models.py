@@ -6,7 +6,9 @@ alternating sliding-window and global, attention and final logit softcaps); Llam
 linear RoPE scaling with tied output, Llama 3 rope_freqs, the mistral alias, YaRN); Phi-3 (fused attn_qkv
 and gate|up ffn_up); Qwen2 (q/k/v biases, tied output); Qwen3 (per-head q/k RMS norms, head_dim
 32 ≠ n_embd / n_heads); Qwen3-MoE (Qwen3's attention, 8 experts top-2 in every layer: Q8_0 gate/up,
-Q4_K / Q8_0 down, F32 router).
+Q4_K / Q8_0 down, F32 router); gpt-oss (q/k/v/o biases, attention sinks, a window on the even layer,
+YaRN, 8 MXFP4 experts top-4 with router and expert biases and the clamped SwiGLU; tests/models/test_gpt_oss.py
+has the rest).
 """
 
 import numpy as np
@@ -64,6 +66,17 @@ def _qwen3moe_loaded(model, gf):
     assert moe.up_exps.shape == (8, 256, 64) and moe.down_exps.qtype.name == "Q4_K"
 
 
+def _gpt_oss_loaded(model, gf):
+    a, lw = model.layers[0].attn, model.layers[0]
+    assert [model.layer_window(i) for i in range(2)] == [4, 0]  # the even layers slide
+    assert a.bq.shape == (128,) and a.bo.shape == (64,) and a.sinks.shape == (4,)
+    assert lw.rope.neox and (lw.rope.ext_factor, lw.rope.freq_scale, lw.rope.orig_ctx) == (1.0, 0.25, 64)
+    assert (lw.moe.gating, lw.moe.n_expert, lw.moe.n_expert_used) == ("softmax_topk", 8, 4)
+    assert lw.moe.gate_inp_b.shape == (8,) and lw.moe.down_exps_b.shape == (8, 64)
+    assert lw.moe.up_exps.qtype.name == lw.moe.down_exps.qtype.name == "MXFP4"
+    assert model.ffn_act == "swiglu_oai" and model.output is not model.token_embd
+
+
 # case id -> (architecture, write_tiny_model options, check of what loaded)
 VARIANTS = {
     "gemma3-window4": ("gemma3", dict(sliding_window=4), _gemma3_loaded),
@@ -78,6 +91,7 @@ VARIANTS = {
     "qwen2": ("qwen2", {}, _qwen2_loaded),
     "qwen3": ("qwen3", {}, _qwen3_loaded),
     "qwen3moe": ("qwen3moe", {}, _qwen3moe_loaded),
+    "gpt-oss": ("gpt-oss", {}, _gpt_oss_loaded),
 }
 
 
