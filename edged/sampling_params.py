@@ -38,7 +38,8 @@ class SamplingParams:
     entropy. logprobs: None = none, 0 = the chosen token's, N ≤ 20 = also the top N.
     prompt_logprobs: the same for every prompt token (computed in the prefill). max_tokens:
     None = until a stop condition, 0 = prefill only (prompt logprobs, no token). stop: up to 16 strings; stop_token_ids: extra ids that end
-    generation; ignore_eos: keep going past EOS.
+    generation; ignore_eos: keep going past EOS. speculative: False opts this request out of the
+    engine's speculative decoding (its outputs are the same either way; only the speed differs).
     """
 
     temperature: float = 1.0
@@ -57,6 +58,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         self.temperature = _finite("temperature", self.temperature)
@@ -121,6 +123,8 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be >= 0")
         self.stop_token_ids = ids
         self.ignore_eos = bool(self.ignore_eos)
+        if not isinstance(self.speculative, bool):
+            raise ValueError(f"speculative must be true or false, got {self.speculative!r}")
 
     @property
     def greedy(self) -> bool:

@@ -25,6 +25,7 @@ from edged.engine.request import Request, Status
 from edged.engine.runner import StepRows, build_batch
 from edged.engine.scheduler import Scheduler
 from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed, window_pool_blocks
+from edged.engine.spec_ngram import SPEC_METHODS, NgramProposer, draft_room
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
@@ -47,6 +48,10 @@ class EngineConfig:
     free_window_blocks: bool = True
     # prompt tokens scored (prompt logprobs) per step; None: prompt_logprobs.max_scored_rows
     max_scored_rows: int | None = None
+    # speculative decoding: None (off) or "ngram" (drafts from the context, edged.engine.spec_ngram),
+    # at most spec_max draft tokens verified per sequence and step
+    spec: str | None = None
+    spec_max: int = 8
 
     @classmethod
     def from_plan(cls, plan: KVPlan, **settings) -> "EngineConfig":
@@ -83,6 +88,8 @@ class EngineStats:
     nonfinite_rows: int = 0  # sampled rows whose logits held NaN or inf (each failed its request)
     embedding_inputs: int = 0  # embedding requests completed
     embedding_tokens: int = 0  # their prompt tokens
+    spec_draft_tokens: int = 0  # draft tokens verified (speculative decoding)
+    spec_accepted_tokens: int = 0  # of those, the ones the model's own choice confirmed
 
 
 class StepTimer(Protocol):
@@ -139,6 +146,10 @@ class Engine:
         self.sampler = Sampler()
         self.sampler.warm_up()
         self.masks = StepMasks(model.vocab_size)  # grammar masks of constrained rows
+        if config.spec not in (None, *SPEC_METHODS):
+            raise ValueError(f"spec must be None or one of {', '.join(SPEC_METHODS)}, got {config.spec!r}")
+        self.spec = NgramProposer(model.vocab_size, config.spec_max) if config.spec else None
+        self._spec_drafted = self._spec_accepted = 0
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox = Outbox()  # this step's deltas, flushed once per step (engine thread only)
@@ -278,7 +289,8 @@ class Engine:
             kv_bytes_total=p.block_size * (p.num_blocks * bpt + (w.num_blocks if w is not None else 0) * window_bpt),
             kv_type=lay.kv_type,
             nonfinite_rows=self._nonfinite_rows, embedding_inputs=self._embedding_inputs,
-            embedding_tokens=self._embedding_tokens)
+            embedding_tokens=self._embedding_tokens, spec_draft_tokens=self._spec_drafted,
+            spec_accepted_tokens=self._spec_accepted)
 
     def generate(self, prompt_ids, params: SamplingParams) -> list[Delta]:
         """Blocking convenience: run one request to completion (engine must be started)."""
@@ -305,6 +317,8 @@ class Engine:
                 token_id: int | None = None, logprob=None, embedding=None) -> None:
         self.scheduler.finish(live.req, reason)
         self.sampler.release(live.req.request_id)
+        if self.spec is not None:
+            self.spec.release(live.req.request_id)
         self._live.pop(live.req.request_id, None)
         self._outbox.put(live.stream, Delta(
             token_id, text, *(logprob or (None, None)), finish_reason=reason, error=error,
@@ -335,6 +349,8 @@ class Engine:
         t0 = time.perf_counter()
         timer = self.step_timer or _UNTIMED
         timer.begin()
+        if self.spec is not None:
+            self._propose_drafts()
         step = self.scheduler.schedule()
         timer.phase("schedule")
         self._in_flight = {req.request_id: n for req, n in step.items}  # replaced whole: stats() reads it
@@ -358,12 +374,15 @@ class Engine:
         timer.phase("update")
         self._prefill_outputs(step, rows, logits, hidden)
         if samplers:
-            logits = logits[: len(samplers)]  # [len(samplers), vocab] (a view); scored rows follow
+            full_logits = logits
+            logits = logits[: len(samplers)]  # [len(samplers), vocab] (a view); drafts', scored rows follow
             bad = nonfinite_rows(logits)  # before the grammar masks add their -inf
             logits, failed = self.masks.apply(masked, logits)
             results = self._sample_finite(logits, lives, bad) if bad else self._sample(logits, lives)
             for r, err in failed.items():
                 results[r] = RuntimeError(err)
+            for r, (d0, k) in rows.drafts.items():  # draft rows follow the sampled ones
+                results[r] = self._verify(lives[r], results[r], full_logits[d0 : d0 + k])
             timer.phase("sample", len(lives))
             self._deliver(lives, results)
             timer.phase("deliver")
@@ -440,39 +459,92 @@ class Engine:
                     results.append(e)
             return results
 
+    def _propose_drafts(self) -> None:
+        """Set each running request's drafts for this step (edged.engine.spec_ngram): decoding
+        ones without a grammar (constrained requests never speculate: their drafts would need the
+        matcher's mask at every draft position) that did not opt out (params.speculative)."""
+        spec, max_len = self.spec, self.max_len
+        for req in self.scheduler.running:
+            live = self._live[req.request_id]
+            k = draft_room(req, spec.spec_max, max_len)
+            if k and (live.constraint is not None or not live.params.speculative):
+                k = 0
+            req.spec_tokens = spec.propose(req.request_id, req.token_ids, k) if k else []
+
+    def _verify(self, live: _Live, first, rows: np.ndarray) -> list:
+        """The tokens of a request whose step verified drafts: `first` (sampled after its last
+        known token), then, while each sampled token equals the draft in its place, the token
+        sampled from the row after that draft (rows float32 [k, vocab]). Each row goes through the
+        request's whole sampling pipeline with the accepted drafts in its history: keeping a draft
+        only where that draw picks it is rejection sampling against a one-token proposal (accepted
+        with probability p(draft), else a draw from p without it, renormalised), so the outputs are
+        distributed as without drafts, and one draw per output token repeats a seeded request."""
+        req, p = live.req, live.params
+        drafts = req.spec_tokens
+        out = [first]
+        j = 0  # drafts accepted
+        while j < len(drafts) and not isinstance(out[-1], Exception) and out[-1][0] == drafts[j]:
+            j += 1
+            row = rows[j - 1 : j]  # [1, vocab]: the logits after draft j - 1
+            if nonfinite_rows(row):
+                self._nonfinite_rows += 1
+                out.append(NonFiniteLogits(req.num_tokens + j - 1))
+                break
+            hist = req.token_ids + drafts[:j] if p.has_penalties else None
+            try:
+                t, info = self.sampler.sample(row, [req.request_id], [p], [hist])
+                out.append((int(t[0]), info[0]))
+            except Exception as e:
+                out.append(e)
+        self._spec_drafted += len(drafts)
+        self._spec_accepted += j
+        return out
+
     def _deliver(self, lives: list[_Live], results: list) -> None:
-        out, max_len = self._outbox, self.max_len
         for lv, res in zip(lives, results):
             if lv.req.status is Status.FINISHED:  # failed while scoring its prompt this step
                 continue
-            if isinstance(res, Exception):
-                error = str(res) if isinstance(res, NonFiniteLogits) else f"{type(res).__name__}: {res}"
-                self._finish(lv, "error", error=error)
+            if not isinstance(res, list):
+                self._deliver_one(lv, res)
                 continue
-            token, info = res
-            req = lv.req
-            c = lv.constraint
-            if c is not None and not c.consume(token):
-                self._finish(lv, "error", error=f"constraint failed: {c.error}")
-                continue
-            req.token_ids.append(token)
-            self._generated_tokens += 1
-            lp = None
-            if info is not None:
-                lp = (info.token_logprob,
-                      list(zip(info.top_ids.tolist(), info.top_logprobs.tolist())))
-            n_out = req.num_output_tokens
-            text, reason = lv.out.on_token(token, n_out >= req.max_tokens)
-            if reason is None and req.num_tokens >= max_len:
-                text, reason = text + lv.out.pending, "length"
-            if reason is None and c is not None and c.stopped:  # the grammar's document is complete
-                text, reason = text + lv.out.drain(), "stop"
-            if reason is not None:
-                self._finish(lv, reason, text=text, token_id=token, logprob=lp)
-            elif lv.scores is not None and not lv.scores.sent:
-                out.put(lv.stream, Delta(token, text, *(lp or (None, None)), None, None,
-                                         req.num_prompt_tokens, n_out, lv.take_scores()))
-            elif lp is None:
-                out.put(lv.stream, Delta(token, text, None, None, None, None, req.num_prompt_tokens, n_out))
+            for one in res:  # a verified draft's tokens in order, until one ends the request
+                self._deliver_one(lv, one)
+                if lv.req.status is Status.FINISHED:
+                    break
             else:
-                out.put(lv.stream, Delta(token, text, lp[0], lp[1], None, None, req.num_prompt_tokens, n_out))
+                self.scheduler.accept_drafts(lv.req, len(res) - 1)
+
+    def _deliver_one(self, lv: _Live, res) -> None:
+        """One sampled token (or the exception its row raised) of one request."""
+        out, max_len = self._outbox, self.max_len
+        if isinstance(res, Exception):
+            error = str(res) if isinstance(res, NonFiniteLogits) else f"{type(res).__name__}: {res}"
+            self._finish(lv, "error", error=error)
+            return
+        token, info = res
+        req = lv.req
+        c = lv.constraint
+        if c is not None and not c.consume(token):
+            self._finish(lv, "error", error=f"constraint failed: {c.error}")
+            return
+        req.token_ids.append(token)
+        self._generated_tokens += 1
+        lp = None
+        if info is not None:
+            lp = (info.token_logprob,
+                  list(zip(info.top_ids.tolist(), info.top_logprobs.tolist())))
+        n_out = req.num_output_tokens
+        text, reason = lv.out.on_token(token, n_out >= req.max_tokens)
+        if reason is None and req.num_tokens >= max_len:
+            text, reason = text + lv.out.pending, "length"
+        if reason is None and c is not None and c.stopped:  # the grammar's document is complete
+            text, reason = text + lv.out.drain(), "stop"
+        if reason is not None:
+            self._finish(lv, reason, text=text, token_id=token, logprob=lp)
+        elif lv.scores is not None and not lv.scores.sent:
+            out.put(lv.stream, Delta(token, text, *(lp or (None, None)), None, None,
+                                     req.num_prompt_tokens, n_out, lv.take_scores()))
+        elif lp is None:
+            out.put(lv.stream, Delta(token, text, None, None, None, None, req.num_prompt_tokens, n_out))
+        else:
+            out.put(lv.stream, Delta(token, text, lp[0], lp[1], None, None, req.num_prompt_tokens, n_out))

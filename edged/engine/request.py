@@ -35,6 +35,8 @@ class Request:
     prompt_logprobs: int | None = None
     prompt_scored: bool = False  # the prompt's prefill has run to its end once (scores complete)
     pooling: str | None = None  # an embedding request ("mean", "last", "cls"): prefill only, no KV kept
+    # draft tokens this step verifies after token_ids (edged.engine.spec_ngram); not in token_ids
+    spec_tokens: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.token_ids:

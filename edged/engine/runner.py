@@ -15,9 +15,13 @@ from edged.kv.manager import KVCacheManager
 @dataclass
 class StepRows:
     """Where each item's outputs are. Logits rows: the sampled ones first (row r samples item
-    samplers[r]), then the prompt-scored ones; hidden rows (final-normed states) are pooled."""
+    samplers[r]), then the draft tokens' ones, then the prompt-scored ones; hidden rows
+    (final-normed states) are pooled."""
 
     samplers: list[int] = field(default_factory=list)  # item index per sampled logits row
+    # sampled row -> (first logits row, count) of its draft tokens' rows (they follow the sampled
+    # rows, in order; edged.engine.spec_ngram): row j predicts the token after draft j
+    drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
     # (item, first logits row, row count, first position): row j scores prompt token position + j + 1
     scored: list[tuple[int, int, int, int]] = field(default_factory=list)
     # (item, first hidden row, row count, first position) of embedding requests
@@ -55,6 +59,7 @@ def build_batch(step: ScheduledStep, kv: KVCacheManager) -> tuple[Batch, StepRow
     rows = StepRows()
     sample_rows: list[int] = []
     score_rows: list[int] = []
+    draft_rows: list[int] = []
     hidden_rows: list[int] = []
     t = 0
     for s, (req, n) in enumerate(step.items):
@@ -63,7 +68,10 @@ def build_batch(step: ScheduledStep, kv: KVCacheManager) -> tuple[Batch, StepRow
         table = kv.table(req.request_id)
         block_tables[s, : len(table)] = table
         pos = np.arange(start, end, dtype=np.int32)
-        token_ids[t : t + n] = req.token_ids[start:end]
+        nd = len(req.spec_tokens)  # drafts after the known tokens (verified by their logits rows)
+        token_ids[t : t + n - nd] = req.token_ids[start : end - nd]
+        if nd:
+            token_ids[t + n - nd : t + n] = req.spec_tokens
         positions[t : t + n] = pos
         slot_mapping[t : t + n] = block_tables[s, pos // bs] * bs + pos % bs
         if windowed:
@@ -83,15 +91,20 @@ def build_batch(step: ScheduledStep, kv: KVCacheManager) -> tuple[Batch, StepRow
                 hidden_rows.extend(range(t + a - start, t + b - start))
         t += n
         seq_starts[s + 1] = t
-        if end == req.num_tokens and req.num_output_tokens < req.max_tokens:
-            sample_rows.append(t - 1)
+        if end - nd == req.num_tokens and req.num_output_tokens < req.max_tokens:
+            if nd:
+                rows.drafts[len(sample_rows)] = (len(draft_rows), nd)
+                draft_rows.extend(range(t - nd, t))
+            sample_rows.append(t - 1 - nd)
             rows.samplers.append(s)
     n_sampled = len(sample_rows)
+    rows.drafts = {r: (n_sampled + d0, k) for r, (d0, k) in rows.drafts.items()}
+    n_sampled += len(draft_rows)
     rows.scored = [(s, n_sampled + r, k, p) for s, r, k, p in rows.scored]
     rows.hidden_rows = np.asarray(hidden_rows, dtype=np.int32)
     batch = Batch(token_ids=token_ids, positions=positions, seq_starts=seq_starts, seq_lens=seq_lens,
                   block_tables=block_tables, slot_mapping=slot_mapping,
-                  logits_indices=np.asarray(sample_rows + score_rows, dtype=np.int32), block_size=bs,
+                  logits_indices=np.asarray(sample_rows + draft_rows + score_rows, dtype=np.int32), block_size=bs,
                   window_block_tables=window_tables if windowed else None,
                   window_slot_mapping=window_slots if windowed else None)
     return batch, rows

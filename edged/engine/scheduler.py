@@ -102,6 +102,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.spec_tokens:
+                n += self._fit_drafts(req, n, budget, len(self.running) - i - 1)
             if req.scoring:
                 n = min(n, score_rows)
                 if n == 0:  # this step's scoring rows are spent: it goes on next step
@@ -143,8 +145,31 @@ class Scheduler:
             score_rows -= n if req.scoring else 0
         return ScheduledStep(items, preempted)
 
+    def _fit_drafts(self, req: Request, n: int, budget: int, rest: int) -> int:
+        """How many of a decoding request's drafts this step verifies (req.spec_tokens cut to
+        them): what the budget and the free blocks leave once each of the `rest` running requests
+        after it has its own token and a block."""
+        k = min(len(req.spec_tokens), budget - n - rest) if n == 1 and not req.scoring else 0
+        if k > 0 and self.kv.allocate(req.request_id, req.num_computed_tokens + n + k, reserve=rest):
+            req.spec_tokens = req.spec_tokens[:k]
+            return k
+        req.spec_tokens = []
+        return 0
+
+    def accept_drafts(self, req: Request, accepted: int) -> None:
+        """After the engine verified req's drafts: the first `accepted` of them (now at the end of
+        token_ids, before the token sampled after them) have valid KV; the blocks only the rejected
+        ones used are released. Only verified tokens are ever cached."""
+        req.spec_tokens = []
+        if accepted:
+            req.num_computed_tokens += accepted
+            self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
+            self.kv.free_outside_window(req.request_id, req.num_computed_tokens)
+        self.kv.truncate(req.request_id, req.num_tokens)
+
     def _preempt(self, req: Request) -> None:
         self.kv.free(req.request_id)
+        req.spec_tokens = []
         req.num_computed_tokens = 0
         req.status = Status.WAITING
         req.num_preemptions += 1
@@ -156,7 +181,7 @@ class Scheduler:
         embedding's: its KV is dropped when it ends), and release the sliding-window blocks no later
         token reads (cached first, so they stay reusable)."""
         for req, n in step.items:
-            req.num_computed_tokens += n
+            req.num_computed_tokens += n - len(req.spec_tokens)  # drafts count once verified
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 req.prompt_scored = True
             if req.pooling is None:

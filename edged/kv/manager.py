@@ -122,13 +122,13 @@ class KVCacheManager:
                 return k
         return 0
 
-    def allocate(self, request_id: str, num_tokens: int) -> bool:
+    def allocate(self, request_id: str, num_tokens: int, reserve: int = 0) -> bool:
         """Grow the request's tables to hold num_tokens tokens; False (nothing taken) if any group
-        is short."""
+        is short, or would keep fewer than `reserve` free blocks (room others still need)."""
         self._hashes.setdefault(request_id, [])
         n = self.blocks_needed(num_tokens)
         tables = [g.tables.setdefault(request_id, []) for g in self.groups]
-        if any(n - len(t) > g.pool.num_free for g, t in zip(self.groups, tables)):
+        if any(n - len(t) > g.pool.num_free - reserve for g, t in zip(self.groups, tables)):
             return False
         for g, t in zip(self.groups, tables):
             t.extend(g.pool.allocate() for _ in range(n - len(t)))
@@ -166,6 +166,16 @@ class KVCacheManager:
             g.pool.free(table[i] for i in stale)
             for i in stale:
                 table[i] = -1
+
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Release the blocks past the first num_tokens tokens (rejected draft tokens' slots: they
+        were never computed validly, so never cached), last block first."""
+        keep = self.blocks_needed(num_tokens)
+        for g in self.groups:
+            table = g.tables.get(request_id)
+            if table is not None and len(table) > keep:
+                g.pool.free(b for b in reversed(table[keep:]) if b >= 0)
+                del table[keep:]
 
     def free(self, request_id: str) -> None:
         """Release all of a request's blocks in every group."""

@@ -1,0 +1,102 @@
+"""N-gram speculation without a draft model (llama.cpp's lookup, vLLM's ngram): a decoding
+sequence's last n tokens (n = 3, 2, 1: longest first) are looked up in its own context (prompt and
+output), and the tokens that followed their most recent earlier occurrence are the draft the
+engine verifies in one forward pass (edged.engine.engine). Text that repeats the context (edits,
+quotes, code) is drafted well; elsewhere no n-gram matches and nothing is drafted.
+
+Each sequence keeps an index of its n-grams (n-gram -> most recent end position), extended
+incrementally with the tokens it gained since the last lookup: a lookup costs the new tokens, not
+the context.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SPEC_METHODS = ("ngram",)
+MAX_NGRAM = 3  # longest n-gram looked up
+
+
+class NgramIndex:
+    """One sequence's n-grams: maps[n - 1][key] = the end e of the latest n-gram tokens[e-n:e]
+    that has a follower (e < len(tokens)). Keys pack the n token ids base `vocab`."""
+
+    def __init__(self, vocab: int, max_n: int = MAX_NGRAM):
+        self.vocab = vocab
+        self.max_n = max_n
+        self.maps: list[dict[int, int]] = [{} for _ in range(max_n)]
+        self.next_end = 1  # the first end position not indexed yet
+
+    def _key(self, gram) -> int:
+        k = 0
+        for t in gram:
+            k = k * self.vocab + int(t)
+        return k
+
+    def extend(self, tokens: list[int]) -> None:
+        """Index the n-grams ending at next_end .. len(tokens) - 1 (each has its follower)."""
+        last = len(tokens) - 1
+        lo = self.next_end
+        if last < lo:
+            return
+        base = max(0, lo - self.max_n)
+        a = np.asarray(tokens[base:last], dtype=np.int64)  # [last - base]: positions base..last-1
+        v = np.int64(self.vocab)
+        for n in range(1, self.max_n + 1):
+            first = max(lo, n)  # ends first..last; the n-gram ending at e is a[e-n-base : e-base]
+            if first > last:
+                continue
+            keys = np.zeros(last - first + 1, dtype=np.int64)  # [ends]
+            for i in range(n):
+                keys = keys * v + a[first - n + i - base : last - n + i + 1 - base]
+            # later ends overwrite earlier ones: the map keeps the most recent occurrence
+            self.maps[n - 1].update(zip(keys.tolist(), range(first, last + 1)))
+        self.next_end = last + 1
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix
+        n-gram found (n = max_n .. 1); [] when none occurs earlier."""
+        self.extend(tokens)
+        size = len(tokens)
+        for n in range(min(self.max_n, size), 0, -1):
+            e = self.maps[n - 1].get(self._key(tokens[size - n :]))
+            if e is not None:
+                return tokens[e : e + k]
+        return []
+
+
+class NgramProposer:
+    """The drafts of every speculating sequence; each keeps its NgramIndex until released."""
+
+    def __init__(self, vocab_size: int, spec_max: int = 8, max_n: int = MAX_NGRAM):
+        if isinstance(spec_max, bool) or not isinstance(spec_max, int) or spec_max < 1:
+            raise ValueError(f"spec_max must be an integer >= 1, got {spec_max!r}")
+        if vocab_size < 1 or vocab_size ** max_n >= 2**63:
+            raise ValueError(f"n-gram speculation packs {max_n} token ids in an int64 key: the "
+                             f"vocabulary size must be in [1, 2^{63 // max_n}), got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.spec_max = spec_max
+        self.max_n = max_n
+        self._index: dict[str, NgramIndex] = {}
+
+    def propose(self, request_id: str, tokens: list[int], k: int) -> list[int]:
+        """At most min(k, spec_max) draft tokens to follow `tokens` (the sequence's whole context)."""
+        k = min(k, self.spec_max)
+        if k < 1:
+            return []
+        index = self._index.get(request_id)
+        if index is None:
+            index = self._index[request_id] = NgramIndex(self.vocab_size, self.max_n)
+        return index.lookup(tokens, k)
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's index."""
+        self._index.pop(request_id, None)
+
+
+def draft_room(req, spec_max: int, max_len: int) -> int:
+    """Drafts a decoding request may verify this step: each accepted one plus the bonus token
+    must fit its max_tokens and the context (max_len); 0 while it still has a prompt to prefill."""
+    if req.num_tokens - req.num_computed_tokens != 1 or req.pooling is not None:
+        return 0
+    return max(0, min(spec_max, req.max_tokens - req.num_output_tokens - 1, max_len - req.num_tokens - 1))
