@@ -50,3 +50,27 @@ def backend_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def spec_options(f=None, *, envvar_prefix: str | None = None):
+    """--spec and --spec-max: speculative decoding (edged.engine.spec_ngram). envvar_prefix:
+    also read EDGED_SPEC / EDGED_SPEC_MAX (`edged serve`, whose every flag is a variable)."""
+    if f is None:  # used as @spec_options(envvar_prefix="EDGED_")
+        return lambda g: spec_options(g, envvar_prefix=envvar_prefix)
+    env = {} if envvar_prefix is None else {"show_envvar": True}
+    for opt in reversed([
+        click.option("--spec", type=click.Choice(["off", "ngram"]), default="off", show_default=True,
+                     envvar=f"{envvar_prefix}SPEC" if envvar_prefix else None, **env,
+                     help="Speculative decoding: ngram drafts tokens from the request's own context "
+                          "(prompt lookup) and verifies them in one forward pass; outputs unchanged."),
+        click.option("--spec-max", type=click.IntRange(1, 64), default=8, show_default=True,
+                     envvar=f"{envvar_prefix}SPEC_MAX" if envvar_prefix else None, **env,
+                     help="Draft tokens verified per sequence and step at most."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def spec_setting(spec: str) -> str | None:
+    """EngineConfig.spec from the --spec choice."""
+    return None if spec == "off" else spec

@@ -8,7 +8,7 @@ import time
 import click
 
 from edged.cli.options import kv_type_option
-from edged.cli.options import backend_options, model_argument, sampling_options
+from edged.cli.options import backend_options, model_argument, sampling_options, spec_options, spec_setting
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -31,8 +31,9 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--ctx", type=int, default=4096, show_default=True, help="Context length (tokens).")
 @kv_type_option
 @backend_options
+@spec_options
 def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, min_p, seed,
-            logprobs, chat, chat_template, as_json, ctx, kv_type, backend, gpu_layers):
+            logprobs, chat, chat_template, as_json, ctx, kv_type, backend, gpu_layers, spec, spec_max):
     """Generate a continuation of a prompt."""
     from edged.engine.engine import Engine, EngineConfig
     from edged.engine.sizing import plan_kv
@@ -54,7 +55,8 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
         text = lm.chat.render([{"role": "user", "content": prompt}]) if chat else prompt
         ids = tok.encode(text, add_special=True, parse_special=True)
     kv = plan_kv(lm.model, 16, ctx=ctx, max_seqs=1, max_batch_tokens=512)
-    engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1)).start()
+    engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1,
+                                                          spec=spec_setting(spec), spec_max=spec_max)).start()
     try:
         t0 = time.perf_counter()
         stream = engine.add_request(ids, params)

@@ -10,6 +10,8 @@ import click
 
 from edged.cli.options import kv_type_option
 
+from edged.cli.options import spec_options, spec_setting
+
 
 def _split(values) -> tuple[str, ...]:
     """Repeated flags, or one env var holding a comma/space separated list."""
@@ -86,11 +88,12 @@ def _opt(*decls, env: str, **kw):
       help="Store model to start loading at startup (repeatable; without MODEL only).")
 @_opt("--pooling", env="POOLING", type=click.Choice(["mean", "last", "cls"]), default=None,
       help="/v1/embeddings pooling (overrides the file's <arch>.pooling_type; without either: mean).")
+@spec_options(envvar_prefix="EDGED_")
 def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, kv_type, block_size,
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
             max_queue, drain_timeout, body_timeout, stream_stall_timeout, log_level, insecure, chat_template, reasoning_format,
             max_body_bytes, backend, gpu_layers, keep_alive, load_timeout, max_loaded_models,
-            max_memory, preload, pooling):
+            max_memory, preload, pooling, spec, spec_max):
     """Serve MODEL (a .gguf path or a store name, loaded at start) over an OpenAI-compatible API.
     Without MODEL, serve every model of the store, each loaded on first use (an empty store:
     the installed Gemma 3 270M, loaded at start)."""
@@ -121,7 +124,7 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, kv_ty
             max_body_bytes=max_body_bytes,
             backend=backend, gpu_layers=gpu_layers, keep_alive=keep_alive_s,
             load_timeout=load_timeout, max_loaded_models=max_loaded_models, max_memory=max_memory,
-            preload=_split(preload), pooling=pooling)
+            preload=_split(preload), pooling=pooling, spec=spec_setting(spec), spec_max=spec_max)
         config.validate()
         if kv_memory is not None:
             from edged.engine.sizing import parse_memory

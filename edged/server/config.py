@@ -61,6 +61,8 @@ class ServerConfig:
     max_memory: str | None = None  # weights + KV + workspace of the loaded models: "8GiB" or 0.5 of RAM
     preload: tuple[str, ...] = ()  # store models to start loading at startup
     pooling: str | None = None  # /v1/embeddings: mean | last | cls; None: the file's, else mean
+    spec: str | None = None  # speculative decoding: None (off) or "ngram" (edged.engine.spec_ngram)
+    spec_max: int = 8  # draft tokens verified per sequence and step
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -90,6 +92,10 @@ class ServerConfig:
             raise ValueError(f"--reasoning-format must be none or auto, got {self.reasoning_format!r}")
         if self.pooling not in (None, "mean", "last", "cls"):
             raise ValueError(f"--pooling must be mean, last or cls, got {self.pooling!r}")
+        if self.spec not in (None, "ngram"):
+            raise ValueError(f"--spec must be off or ngram, got {self.spec!r}")
+        if not 1 <= self.spec_max <= 64:
+            raise ValueError(f"--spec-max must be in 1..64, got {self.spec_max}")
         if self.backend not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--backend must be auto, cpu or cuda, got {self.backend!r}")
         from edged.backends.base import KV_TYPES

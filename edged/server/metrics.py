@@ -60,6 +60,14 @@ class _EngineCollector:
                 s.embedding_tokens)
         counter("edged_nonfinite_logits", "Sampled rows whose logits were not finite (NaN or inf); "
                 "each failed its request.", s.nonfinite_rows)
+        # speculative decoding (--spec): all zero when it is off
+        counter("edged_spec_draft_tokens", "Draft tokens verified (speculative decoding).",
+                s.spec_draft_tokens)
+        counter("edged_spec_accepted_tokens", "Draft tokens accepted: the model chose them too.",
+                s.spec_accepted_tokens)
+        gauge("edged_spec_acceptance_ratio", "Accepted / verified draft tokens since the model "
+              "loaded (0 before any).", s.spec_accepted_tokens / s.spec_draft_tokens
+              if s.spec_draft_tokens else 0.0)
         ratio = s.blocks_used / s.blocks_total if s.blocks_total else 0.0
         gauge("edged_kv_usage_ratio", "Share of KV blocks held by requests (0..1).", ratio)
         gauge("edged_kv_blocks_total", "KV blocks in the pool.", s.blocks_total)

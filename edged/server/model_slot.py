@@ -120,7 +120,8 @@ class ModelSlot:
         ctx = min(c.ctx, model.context_length)
         kv = self.plan_kv(model)
         ecfg = engine_config_cls.from_plan(kv, max_batch_tokens=c.max_batch_tokens, max_seqs=c.max_seqs,
-                                           enable_prefix_cache=c.prefix_cache, max_model_len=ctx)
+                                           enable_prefix_cache=c.prefix_cache, max_model_len=ctx,
+                                           spec=c.spec, spec_max=c.spec_max)
         # forward passes on the one compute thread: one OpenMP team for all models (compute_thread)
         self.engine = engine_cls(SharedForward(model), tokenizer, ecfg).start()
         self.tokenizer, self.chat = tokenizer, chat

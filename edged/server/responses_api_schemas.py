@@ -25,7 +25,7 @@ TEXT_PARTS = ("input_text", "output_text")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 # edged's sampling extensions (as on /v1/chat/completions), handed to the chat parser unchanged
 EXTENSIONS = ("seed", "top_k", "min_p", "stop", "presence_penalty", "frequency_penalty",
-              "repetition_penalty", "logit_bias", "ignore_eos", "keep_alive")
+              "repetition_penalty", "logit_bias", "ignore_eos", "speculative", "keep_alive")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = ("auto", "concise", "detailed")
 VERBOSITIES = ("low", "medium", "high")

@@ -123,6 +123,8 @@ SAMPLING = (
     Field("stop", AnyOf((_STOP_STRING, Array(_STOP_STRING, max_items=MAX_STOP)),
                         what="a string or an array of strings")),
     Field("ignore_eos", Boolean(), default=False),
+    Field("speculative", Boolean(), default=True,
+          description="edged: false opts out of the server's speculative decoding (--spec)"),
 )
 
 CONSTRAINTS = (  # one per request (edged.structured.forms)
@@ -183,7 +185,7 @@ def _common(v: dict) -> dict:
             presence_penalty=v["presence_penalty"], frequency_penalty=v["frequency_penalty"],
             repetition_penalty=v["repetition_penalty"], logit_bias=v["logit_bias"] or {}, seed=seed,
             stop=tuple([v["stop"]] if isinstance(v["stop"], str) else v["stop"] or ()),
-            ignore_eos=v["ignore_eos"])
+            ignore_eos=v["ignore_eos"], speculative=v["speculative"])
     except ValueError as e:  # anything SamplingParams checks beyond the ranges above
         raise bad_request(str(e)) from None
     return dict(model=v["model"], params=params, n=v["n"], stream=stream, include_usage=include_usage,

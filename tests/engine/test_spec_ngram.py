@@ -275,3 +275,22 @@ def test_sampled_replies_distributed_as_without_spec(arch, tmp_path):
     finally:
         plain.stop()
         spec.stop()
+
+
+@pytest.mark.e2e
+def test_edged_run_spec_flag(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from edged.cli import main
+    from tests.helpers.tiny_models import write_tiny_model
+
+    path = str(write_tiny_model(tmp_path / "m.gguf", "llama"))
+    args = ["run", path, "--prompt-ids", "5,6,7,8,9,5,6,7", "--temperature", "0", "-n", "12", "--json"]
+    runs = [CliRunner().invoke(main, args + extra) for extra in ([], ["--spec", "ngram", "--spec-max", "3"])]
+    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
+    ids = [json.loads(r.stdout.strip().splitlines()[-1])["ids"] for r in runs]
+    assert ids[0] == ids[1] and len(ids[0]) == 12
+    bad = CliRunner().invoke(main, args + ["--spec", "draft"])
+    assert bad.exit_code == 2 and "--spec" in bad.output
