@@ -14,6 +14,9 @@ has the rest).
 import numpy as np
 import pytest
 
+import tests.helpers.numpy_ops as numpy_ops
+from edged.models import load_model
+from edged.quant import load_gguf
 from tests.helpers.tiny_models import write_tiny_model
 from tests.models.driver import Seq, ShuffledBlocks, make_batch
 from tests.models.tiny_checks import BACKENDS, TinyCase, check, decode, mixed_batch, prefill, rel_err
@@ -156,3 +159,12 @@ def test_yarn_matters(tmp_path):
     plain = TinyCase(write_tiny_model(tmp_path / "none.gguf", "llama"))
     for other in (linear, plain):
         assert np.abs(yarn.ref_logits[-1] - other.ref_logits[-1]).max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3moe", "phi3"])
+def test_yarn_metadata_reaches_the_llama_family(tmp_path, arch):
+    model = load_model(load_gguf(write_tiny_model(tmp_path / "m.gguf", arch, rope_scaling="yarn")), numpy_ops)
+    rope = model.layers[0].rope
+    yarn = (rope.ext_factor, rope.freq_scale, rope.orig_ctx, rope.beta_fast, rope.beta_slow)
+    assert yarn == (1.0, 0.25, 64, 32.0, 1.0)
+    assert rope.attn_factor == pytest.approx(1.0, abs=1e-6)  # the rope op scales by 1 + 0.1 ln 4 itself
