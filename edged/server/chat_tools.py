@@ -107,6 +107,9 @@ def render_inputs(plan: ChatPlan, messages: list, tools: list | None) -> tuple[l
         return messages, tools
     fixed = []
     for m in messages:
+        if plan.fmt.frames_reasoning and m.get("role") == "assistant" and m.get("reasoning_content") \
+                and not m.get("thinking"):
+            m = {**m, "thinking": m["reasoning_content"]}  # gpt-oss's template reads the analysis there
         if m.get("tool_calls"):
             calls = [{**c, "function": {**c["function"],
                                         "arguments": _arguments_object(c["function"].get("arguments", {}))}}

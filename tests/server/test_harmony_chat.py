@@ -2,7 +2,8 @@
 harmony tokens rendered as llama.cpp does, <|return|>/<|call|> ending generation) and its
 gpt-oss-style template, the real engine and app, and a stub that replays a scripted reply token by
 token. The reply becomes reasoning_content, content and tool_calls, streamed and not; under
-tool_choice auto the call is also generated through the harmony tools grammar (lazy trigger)."""
+tool_choice auto the call is also generated through the harmony tools grammar (lazy trigger). And a
+history turn's reasoning_content reaches the template as `thinking`."""
 
 import json
 
@@ -10,10 +11,13 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from edged.chat import ChatTemplate
 from edged.loader import load
 from edged.server.app import create_app
+from edged.server.chat_tools import plan_chat, render_prompt
 from edged.server.config import ServerConfig
 from edged.server.lifecycle import ServerState
+from tests.helpers.harmony_template import HARMONY_CHAT_TEMPLATE
 from tests.helpers.tiny_models import write_tiny_model
 from tests.toolcall.streamcheck import WEATHER
 
@@ -130,3 +134,17 @@ def test_the_grammar_holds_the_arguments_to_the_schema(served):
     [call] = message["tool_calls"]
     assert "town" not in call["function"]["arguments"]
     assert set(json.loads(call["function"]["arguments"])) <= {"city", "unit"}
+
+
+def test_history_reasoning_reaches_the_template_as_thinking():
+    """OpenAI clients send a turn's reasoning back as reasoning_content; gpt-oss's template
+    renders the analysis before a pending tool call from `thinking`."""
+    chat = ChatTemplate(HARMONY_CHAT_TEMPLATE, "gguf")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "reasoning_content": "Use the tool.",
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "21 C"}]
+    text = render_prompt(chat, plan_chat(HARMONY_CHAT_TEMPLATE, None, "auto"), history, [WEATHER])
+    assert ("<|start|>assistant<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant "
+            'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>') in text
