@@ -6,6 +6,7 @@ tool_choice auto the call is also generated through the harmony tools grammar (l
 history turn's reasoning_content reaches the template as `thinking`."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from starlette.testclient import TestClient
 from edged.chat import ChatTemplate
 from edged.loader import load
 from edged.server.app import create_app
-from edged.server.chat_tools import plan_chat, render_prompt
+from edged.server.chat_tools import constraint_options, note_prompt, plan_chat, render_prompt
+from edged.structured import schema_constraint
+from edged.toolcall import parse_tool_request
 from edged.server.config import ServerConfig
 from edged.server.lifecycle import ServerState
 from tests.helpers.harmony_template import HARMONY_CHAT_TEMPLATE
@@ -148,3 +151,17 @@ def test_history_reasoning_reaches_the_template_as_thinking():
     text = render_prompt(chat, plan_chat(HARMONY_CHAT_TEMPLATE, None, "auto"), history, [WEATHER])
     assert ("<|start|>assistant<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant "
             'to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>') in text
+
+
+def test_constraint_phases_for_harmony():
+    """Tools: the lazy call grammar waits for its trigger only (a call may come before any final
+    answer); a response_format: free until the final channel's header, then the schema."""
+    grammars = SimpleNamespace(token_ref=lambda text: None, trigger=lambda text, at_start: (text, at_start))
+    tools = plan_chat(HARMONY_CHAT_TEMPLATE, parse_tool_request([WEATHER], "auto"), "auto")
+    note_prompt(tools, "<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    constraint, opts = constraint_options(tools, grammars, None)
+    assert constraint is not None and opts == {"triggers": [("to=functions.", False)]}
+    answer = plan_chat(HARMONY_CHAT_TEMPLATE, None, "auto")
+    note_prompt(answer, "<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    _, opts = constraint_options(answer, grammars, schema_constraint({"type": "object"}, "response_format"))
+    assert opts["start_after"] == "<|channel|>final<|message|>" and opts["starts_in_reasoning"]
