@@ -90,12 +90,18 @@ def _collapse_regex(expr: str) -> str:
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# gpt-4o (o200k): llama.cpp's rewrite of the tokenizer.json regex without \p{Lu}/\p{Ll}. "Upper" is any
+# letter but a-z, "lower" any but A-Z: collapsed non-ASCII letters are both, and marks are not letters
+_UPPER, _LOWER, _LEAD = r"(?:(?=[\p{L}])[^a-z])", r"(?:(?=[\p{L}])[^A-Z])", r"[^\r\n\p{L}\p{N}]?"
+_GPT4O = (_LEAD + _UPPER + "*" + _LOWER + "+" + _CONTRACTIONS + "?|" + _LEAD + _UPPER + "+" + _LOWER + "*"
+          + _CONTRACTIONS + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # pre type -> llama.cpp's regex list, applied one after another to the pieces of the previous one
 REGEXES: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
     "gpt2": (_GPT2 + r"|\s+",),  # llama.cpp's custom splitter also takes a lone \s+
     "llama3": (_LLAMA3,),
+    "gpt-4o": (_GPT4O,),
     "qwen2": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
     "starcoder": (r"\p{N}", _GPT2),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"),

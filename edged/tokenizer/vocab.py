@@ -76,6 +76,7 @@ _pre(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "mid
 _pre(("dbrx",), "llama3")
 _pre(("smaug-bpe",), "llama3")
 _pre(("glm4", "chatglm-bpe"), "llama3", bos_none=True)
+_pre(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), "gpt-4o", clean_spaces=False)
 _pre(("deepseek-llm",), "deepseek-llm", clean_spaces=False)
 _pre(("deepseek-coder",), "deepseek-coder", clean_spaces=False)
 _pre(("falcon",), "falcon")
