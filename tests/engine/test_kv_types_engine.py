@@ -5,6 +5,7 @@ type, are the same alone and in a batch, and the pools hold the type's bytes."""
 import pytest
 
 from edged.backends.base import kv_row_bytes
+from edged.engine.sizing import plan_kv
 from tests.engine.engine_helpers import (assert_all_blocks_free, greedy, load_tiny, random_prompts,
                                          start_engine, token_ids)
 from tests.models.driver import greedy as forward_greedy
@@ -48,3 +49,6 @@ def test_kv_bytes_per_token_by_type(tiny):
     assert 128 * model.kv_bytes_per_token(kv_type="q8_0") == 34 * model.kv_bytes_per_token(kv_type="f32")
     with pytest.raises(ValueError, match="--kv-type"):
         model.kv_type = "q4_0"
+    # the KV pool's log line (edged serve's start) names the type and its MiB
+    f16, f32 = (plan_kv(model, 4, ctx=64, max_seqs=2, kv_type=t) for t in ("f16", "f32"))
+    assert f16.describe().startswith("f16 K/V, ") and 2 * f16.nbytes == f32.nbytes

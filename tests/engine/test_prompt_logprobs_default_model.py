@@ -6,6 +6,7 @@ llama.cpp's 12 reference greedy continuations teacher-forced through one prompt-
 import numpy as np
 import pytest
 
+from edged.backends.base import KV_DEFAULT
 from edged.engine.engine import Engine, EngineConfig
 from edged.models import load_model
 from edged.quant import load_gguf
@@ -20,7 +21,9 @@ MAX_DIFF = 0.35
 @pytest.fixture(scope="module")
 def gemma():
     gf = load_gguf(default_model_path())
-    return load_model(gf), Tokenizer.from_gguf(gf)
+    model = load_model(gf)
+    model.kv_type = KV_DEFAULT  # the KV cache edged serves (f16), as llama.cpp's recorded runs had
+    return model, Tokenizer.from_gguf(gf)
 
 
 def test_echo_logprobs_of_llamacpp_continuations(gemma):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from edged.backends.base import KV_DEFAULT
 from edged.models import load_model
 from edged.perplexity import perplexity
 from edged.quant import load_gguf
@@ -30,7 +31,9 @@ PPL_REL_TOL = 0.005
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(load_gguf(default_model_path()))
+    m = load_model(load_gguf(default_model_path()))
+    m.kv_type = KV_DEFAULT  # the KV cache edged serves (f16), as llama.cpp's recorded runs had
+    return m
 
 
 @pytest.fixture(scope="module")
