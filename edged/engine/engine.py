@@ -498,6 +498,7 @@ class Engine:
                 out.append(e)
         self._spec_drafted += len(drafts)
         self._spec_accepted += j
+        self.spec.record(req.request_id, len(drafts), j)
         return out
 
     def _deliver(self, lives: list[_Live], results: list) -> None:

@@ -6,15 +6,23 @@ quotes, code) is drafted well; elsewhere no n-gram matches and nothing is drafte
 
 Each sequence keeps an index of its n-grams (n-gram -> most recent end position), extended
 incrementally with the tokens it gained since the last lookup: a lookup costs the new tokens, not
-the context.
+the context. It also learns, per match length, how often its draft tokens are accepted, and drafts
+only as far as a token is still likely enough to pay for its place in the step (DraftLength).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 SPEC_METHODS = ("ngram",)
 MAX_NGRAM = 3  # longest n-gram looked up
+# A draft token costs about this share of a one-token decode step where it is verified (on the
+# CPU at c = 1: a step of 1 + k tokens takes ~1 + k / 4 one-token steps, the weights read once but
+# multiplied k more times), so drafting on pays while P(every draft so far accepted) stays above it.
+DRAFT_TOKEN_COST = 0.25
+_DECAY = 0.8  # weight of the older outcomes at each new one: the estimate follows the text
 
 
 class NgramIndex:
@@ -53,20 +61,53 @@ class NgramIndex:
             self.maps[n - 1].update(zip(keys.tolist(), range(first, last + 1)))
         self.next_end = last + 1
 
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest suffix
-        n-gram found (n = max_n .. 1); [] when none occurs earlier."""
+    def match(self, tokens: list[int]) -> tuple[int, int]:
+        """(n, e): the longest suffix n-gram that occurs earlier (n = max_n .. 1) and the end of
+        its latest earlier occurrence (tokens[e] followed it); (0, 0) when none does."""
         self.extend(tokens)
         size = len(tokens)
         for n in range(min(self.max_n, size), 0, -1):
             e = self.maps[n - 1].get(self._key(tokens[size - n :]))
             if e is not None:
-                return tokens[e : e + k]
-        return []
+                return n, e
+        return 0, 0
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the match's occurrence; [] when nothing matches."""
+        n, e = self.match(tokens)
+        return tokens[e : e + k] if n else []
+
+
+class DraftLength:
+    """How many tokens to draft after an n-gram match, per match length n: a = the chance a draft
+    token is accepted (its previous ones were), from decayed counts of accepted tokens and of
+    rejections with a Laplace prior; draft the k tokens with a^k >= DRAFT_TOKEN_COST, at least one."""
+
+    def __init__(self, max_n: int = MAX_NGRAM):
+        self.accepted = [0.0] * max_n  # [n - 1]
+        self.rejected = [0.0] * max_n
+
+    def length(self, n: int, spec_max: int) -> int:
+        a = (self.accepted[n - 1] + 1.0) / (self.accepted[n - 1] + self.rejected[n - 1] + 2.0)
+        return max(1, min(spec_max, int(math.log(DRAFT_TOKEN_COST) / math.log(a))))
+
+    def record(self, n: int, drafted: int, accepted: int) -> None:
+        self.accepted[n - 1] = self.accepted[n - 1] * _DECAY + accepted
+        self.rejected[n - 1] = self.rejected[n - 1] * _DECAY + (accepted < drafted)
+
+
+class _Sequence:
+    __slots__ = ("index", "length", "last_n")
+
+    def __init__(self, vocab: int, max_n: int):
+        self.index = NgramIndex(vocab, max_n)
+        self.length = DraftLength(max_n)
+        self.last_n = 0  # the match length of the last proposal (0: none)
 
 
 class NgramProposer:
-    """The drafts of every speculating sequence; each keeps its NgramIndex until released."""
+    """The drafts of every speculating sequence; each keeps its NgramIndex and DraftLength until
+    released. `record` tells it how a request's last draft fared."""
 
     def __init__(self, vocab_size: int, spec_max: int = 8, max_n: int = MAX_NGRAM):
         if isinstance(spec_max, bool) or not isinstance(spec_max, int) or spec_max < 1:
@@ -77,21 +118,31 @@ class NgramProposer:
         self.vocab_size = vocab_size
         self.spec_max = spec_max
         self.max_n = max_n
-        self._index: dict[str, NgramIndex] = {}
+        self._seqs: dict[str, _Sequence] = {}
 
     def propose(self, request_id: str, tokens: list[int], k: int) -> list[int]:
-        """At most min(k, spec_max) draft tokens to follow `tokens` (the sequence's whole context)."""
-        k = min(k, self.spec_max)
+        """At most k draft tokens to follow `tokens` (the sequence's whole context): as many as
+        DraftLength gives the match's n, up to spec_max."""
         if k < 1:
             return []
-        index = self._index.get(request_id)
-        if index is None:
-            index = self._index[request_id] = NgramIndex(self.vocab_size, self.max_n)
-        return index.lookup(tokens, k)
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            seq = self._seqs[request_id] = _Sequence(self.vocab_size, self.max_n)
+        n, e = seq.index.match(tokens)
+        seq.last_n = n
+        if not n:
+            return []
+        return tokens[e : e + min(k, seq.length.length(n, self.spec_max))]
+
+    def record(self, request_id: str, drafted: int, accepted: int) -> None:
+        """How many of the request's last proposed drafts were verified and how many accepted."""
+        seq = self._seqs.get(request_id)
+        if seq is not None and seq.last_n and drafted:
+            seq.length.record(seq.last_n, drafted, accepted)
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request's index."""
-        self._index.pop(request_id, None)
+        """Forget a finished request's index and estimates."""
+        self._seqs.pop(request_id, None)
 
 
 def draft_room(req, spec_max: int, max_len: int) -> int:

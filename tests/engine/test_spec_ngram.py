@@ -49,18 +49,35 @@ def test_no_earlier_occurrence_is_empty():
 
 def test_draft_stops_at_the_context_end_and_spec_max():
     assert NgramIndex(20).lookup([4, 5, 6, 4, 5], 8) == [6, 4, 5]
-    assert NgramProposer(20, spec_max=2).propose("r", [4, 5, 6, 7, 4, 5], 8) == [6, 7]
+    assert NgramProposer(20, spec_max=1).propose("r", [4, 5, 6, 7, 4, 5], 8) == [6]
 
 
 def test_incremental_index_matches_brute_force():
     rng = np.random.default_rng(0)
-    prop = NgramProposer(6, spec_max=5)
+    index = NgramIndex(6)
     tokens = rng.integers(0, 6, size=30).tolist()
     for step in range(60):  # the index grows by 1 to 4 tokens between lookups
-        assert prop.propose("r", tokens, 5) == _brute_draft(tokens, 5), step
+        assert index.lookup(tokens, 5) == _brute_draft(tokens, 5), step
         tokens += rng.integers(0, 6, size=int(rng.integers(1, 5))).tolist()
+
+
+def test_draft_length_follows_acceptance_per_match_length():
+    prop = NgramProposer(50, spec_max=8)
+    tokens = list(range(10, 40)) + list(range(10, 13))  # a 3-gram match, 27 tokens to copy
+    lengths = []
+    for _ in range(4):  # every draft accepted: 2 tokens at first (no evidence), then spec_max
+        d = prop.propose("r", tokens, 8)
+        lengths.append(len(d))
+        prop.record("r", len(d), len(d))
+        tokens = tokens + d
+    assert lengths[0] == 2 and lengths[-1] == 8 and lengths == sorted(lengths)
+    for _ in range(8):  # the first draft token rejected each time: down to one token
+        d = prop.propose("r", tokens, 8)
+        prop.record("r", len(d), 0)
+    assert len(prop.propose("r", tokens, 8)) == 1
+    assert len(prop.propose("r", tokens + [45, 46, 12], 8)) == 2  # a 1-gram match: its own estimate
     prop.release("r")
-    assert prop.propose("r", tokens, 5) == _brute_draft(tokens, 5)
+    assert len(prop.propose("r", tokens, 8)) == 2
 
 
 def test_proposer_refuses_bad_settings():
@@ -122,7 +139,7 @@ def test_stops_inside_accepted_drafts_end_where_plain_decoding_does(stub):
             assert _deltas(spec, prompt, params) == _deltas(plain, prompt, params), params
         assert stop_text in text
         st = spec.stats()
-        assert st.spec_draft_tokens >= 8 * 7 and st.spec_accepted_tokens == st.spec_draft_tokens
+        assert st.spec_draft_tokens >= 30 and st.spec_accepted_tokens == st.spec_draft_tokens
         assert_all_blocks_free(spec)
     finally:
         plain.stop()

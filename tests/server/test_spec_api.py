@@ -49,7 +49,7 @@ def test_spec_replies_equal_opted_out_ones_and_metrics_count_drafts(served):
     assert on["usage"] == off["usage"] and on["usage"]["completion_tokens"] == 20
     m = client.get("/metrics").text
     drafted = _metric(m, "edged_spec_draft_tokens_total")
-    assert drafted >= 15  # 19 tokens after the first, drafted up to 4 a step
+    assert drafted >= 12  # 19 tokens after the first: 2 drafted, then 4 a step
     assert _metric(m, "edged_spec_accepted_tokens_total") == drafted  # the stand-in never misses
     assert _metric(m, "edged_spec_acceptance_ratio") == 1.0
 
