@@ -52,8 +52,30 @@ def workspace_bytes(model, batch_tokens: int) -> int:
     return batch_tokens * per_token + 64 * model.vocab_size * 4
 
 
+def _device_ops(device_ops):
+    """The GPU's backend ops: `device_ops` when given (tests), else the CUDA backend (imported here)."""
+    if device_ops is None:
+        from edged.backends.cuda import ops as device_ops
+    return device_ops
+
+
+def host_only_from(model, device_ops) -> tuple[int, str]:
+    """(i, why): layers i and after stay on the host because layer i is a mixture-of-experts layer
+    and the device backend lacks ops it needs (models/moe.py REQUIRED_OPS); (n_layers, "") if none."""
+    moe = [i for i, lw in enumerate(getattr(model, "layers", ())) if getattr(lw, "moe", None) is not None]
+    if not moe:
+        return model.n_layers, ""  # no MoE layer: the CUDA modules are not imported
+    from edged.models.moe import missing_ops
+
+    lack = missing_ops(_device_ops(device_ops))
+    if not lack:
+        return model.n_layers, ""
+    return moe[0], (f"the {len(moe)} mixture-of-experts layers stay on the CPU (the GPU backend has no "
+                    f"{', '.join(lack)})")
+
+
 def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
-         batch_tokens: int = 512, probe=None) -> Placement:
+         batch_tokens: int = 512, probe=None, device_ops=None) -> Placement:
     """Choose the backend and the GPU layer count for `model` holding KV for `kv_tokens` tokens:
     an int for every layer, or (full, window) when sliding-window layers have their own, smaller
     pool (window None: one pool for all).
@@ -61,6 +83,9 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
     gpu_layers: None/'auto' = as many as fit in free device memory after their KV slabs, the step
     workspace and a safety margin; an int >= n_layers = every layer and the output projection.
     Raises OffloadError when cuda is asked for without a usable device or N layers do not fit.
+    Mixture-of-experts layers the device backend cannot run (device_ops: the CUDA ops unless
+    given) stay on the host with every layer after them (a hybrid split, said in the summary); the
+    output projection still joins the GPU when the layers before them fit (auto) or N >= n_layers.
     """
     if backend not in BACKENDS:
         raise OffloadError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -89,14 +114,15 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
     kv_desc = f"{full_tokens}" if window_tokens is None else f"{full_tokens} (sliding layers: {window_tokens})"
     out_cost = model.output_bytes()
     budget = dev.free_bytes - SAFETY_MARGIN_BYTES - workspace_bytes(model, batch_tokens)
+    limit, host_why = host_only_from(model, device_ops)  # layers limit.. stay on the host
     if want is None:  # auto: the first layers that fit, then the output projection if all did
         n, used = 0, 0
-        while n < n_layers and used + layer_cost[n] <= budget:
+        while n < limit and used + layer_cost[n] <= budget:
             used += layer_cost[n]
             n += 1
-        out = n == n_layers and used + out_cost <= budget
+        out = n == limit and used + out_cost <= budget
     else:
-        n = min(want, n_layers)
+        n = min(want, limit)
         out = want >= n_layers
         used = sum(layer_cost[:n]) + (out_cost if out else 0)
         if used > budget:
@@ -108,17 +134,17 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
                 f"--gpu-layers, --ctx/--max-seqs or --kv-memory")
     summary = (f"backend cuda on {dev.describe()}: {n}/{n_layers} layers"
                f"{' + output' if out else ''} on the GPU ({used / 2**20:.0f} MiB incl. KV for "
-               f"{kv_desc} tokens), the rest on the CPU")
+               f"{kv_desc} tokens), the rest on the CPU{'; ' + host_why if host_why else ''}")
     log.info("%s", summary)
     return Placement("cuda", n, out, summary)
 
 
-def apply(model, placement: Placement) -> None:
-    """Place the model's layers as planned (uploads weights; allocate KV afterwards)."""
+def apply(model, placement: Placement, device_ops=None) -> None:
+    """Place the model's layers as planned (uploads weights; allocate KV afterwards); device_ops:
+    the GPU's backend (the CUDA ops unless given)."""
     if placement.backend == "cpu" or (placement.gpu_layers == 0 and not placement.output_on_gpu):
         return
-    from edged.backends.cuda import ops as cuda_ops
-
+    cuda_ops = _device_ops(device_ops)
     host = model.host_ops
     layer_ops = [cuda_ops if i < placement.gpu_layers else host for i in range(model.n_layers)]
     model.place(layer_ops, cuda_ops if placement.output_on_gpu else host)
