@@ -6,6 +6,9 @@ with prefill chunks. When the pool runs dry the most recently admitted request i
 recompute: its blocks are freed and it waits at the front of the queue with its tokens intact.
 Requests that score their prompt (prompt logprobs) or pool it (embeddings) compute every position
 themselves (no cached prefix), and scoring chunks share a per-step row limit (`max_scored_rows`).
+A decoding request may carry draft tokens (speculative decoding, edged.engine.spec_ngram) that the
+step verifies: they take only budget and blocks left once every running request has its own token,
+and count as computed once the engine has accepted them (`accept_drafts`).
 """
 
 from __future__ import annotations

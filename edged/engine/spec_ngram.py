@@ -2,7 +2,8 @@
 sequence's last n tokens (n = 3, 2, 1: longest first) are looked up in its own context (prompt and
 output), and the tokens that followed their most recent earlier occurrence are the draft the
 engine verifies in one forward pass (edged.engine.engine). Text that repeats the context (edits,
-quotes, code) is drafted well; elsewhere no n-gram matches and nothing is drafted.
+quotes, code) is drafted well; elsewhere the matches are short and mostly wrong, and its drafts
+shrink to one token.
 
 Each sequence keeps an index of its n-grams (n-gram -> most recent end position), extended
 incrementally with the tokens it gained since the last lookup: a lookup costs the new tokens, not
@@ -23,6 +24,7 @@ MAX_NGRAM = 3  # longest n-gram looked up
 # multiplied k more times), so drafting on pays while P(every draft so far accepted) stays above it.
 DRAFT_TOKEN_COST = 0.25
 _DECAY = 0.8  # weight of the older outcomes at each new one: the estimate follows the text
+_IDLE_DECAY = 0.95  # and at each step that drafts nothing: a new try about every 7 such steps
 
 
 class NgramIndex:
@@ -81,14 +83,21 @@ class NgramIndex:
 class DraftLength:
     """How many tokens to draft after an n-gram match, per match length n: a = the chance a draft
     token is accepted (its previous ones were), from decayed counts of accepted tokens and of
-    rejections with a Laplace prior; draft the k tokens with a^k >= DRAFT_TOKEN_COST, at least one."""
+    rejections with a Laplace prior; draft the k tokens with a^k >= DRAFT_TOKEN_COST, none while
+    a < DRAFT_TOKEN_COST. Each step drafting nothing decays the counts too, so the estimate drifts
+    back to the prior and a draft is tried again every few steps."""
 
     def __init__(self, max_n: int = MAX_NGRAM):
         self.accepted = [0.0] * max_n  # [n - 1]
         self.rejected = [0.0] * max_n
 
-    def length(self, n: int, spec_max: int) -> int:
-        a = (self.accepted[n - 1] + 1.0) / (self.accepted[n - 1] + self.rejected[n - 1] + 2.0)
+    def next_length(self, n: int, spec_max: int) -> int:
+        """The length of this step's draft after a match of length n (0: none, counts decayed)."""
+        acc, rej = self.accepted[n - 1], self.rejected[n - 1]
+        a = (acc + 1.0) / (acc + rej + 2.0)
+        if a < DRAFT_TOKEN_COST:
+            self.accepted[n - 1], self.rejected[n - 1] = acc * _IDLE_DECAY, rej * _IDLE_DECAY
+            return 0
         return max(1, min(spec_max, int(math.log(DRAFT_TOKEN_COST) / math.log(a))))
 
     def record(self, n: int, drafted: int, accepted: int) -> None:
@@ -132,7 +141,7 @@ class NgramProposer:
         seq.last_n = n
         if not n:
             return []
-        return tokens[e : e + min(k, seq.length.length(n, self.spec_max))]
+        return tokens[e : e + min(k, seq.length.next_length(n, self.spec_max))]
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         """How many of the request's last proposed drafts were verified and how many accepted."""

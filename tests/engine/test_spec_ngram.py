@@ -75,6 +75,12 @@ def test_draft_length_follows_acceptance_per_match_length():
         d = prop.propose("r", tokens, 8)
         prop.record("r", len(d), 0)
     assert len(prop.propose("r", tokens, 8)) == 1
+    lengths = []
+    for _ in range(40):  # a draft token rarely accepted is not worth verifying: mostly none,
+        d = prop.propose("r", tokens, 8)  # but one is tried again every few steps
+        prop.record("r", len(d), 0)
+        lengths.append(len(d))
+    assert set(lengths[-20:]) == {0, 1} and 2 <= lengths[-20:].count(1) <= 5
     assert len(prop.propose("r", tokens + [45, 46, 12], 8)) == 2  # a 1-gram match: its own estimate
     prop.release("r")
     assert len(prop.propose("r", tokens, 8)) == 2
