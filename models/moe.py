@@ -17,9 +17,10 @@ and out = sum over the token's ranks r of weights[r] * y_{e_r}, plus the shared 
 
 Execution: the routing runs on the host in numpy, once per layer; the tokens are grouped by expert
 with one stable argsort, so each chosen expert's matrices are read once per step for all its
-tokens (a matmul of the gathered rows against the expert's 2-D slab of the stacked GGUF tensor);
-ops.moe_combine then sums each token's rows in its own rank order. Every matmul is batch
-invariant per row, so a token's result is bit-identical alone or in any batch.
+tokens (a matmul of the gathered rows against the expert's 2-D slab of the stacked GGUF tensor;
+on a backend with ops.moe_matmul, every expert's gate and up in one call and then every down in
+another, with the same rows); ops.moe_combine then sums each token's rows in its own rank order.
+Every matmul is batch invariant per row, so a token's result is bit-identical alone or in any batch.
 """
 
 from dataclasses import dataclass
@@ -149,6 +150,29 @@ def _expert_ffn(ops, mw: MoEWeights, gates, ups, downs, e: int, x, act):
     return y
 
 
+def _experts_ffn(ops, mw: MoEWeights, h, tokens, by_expert, cuts, act):
+    """Every pair's expert FFN through ops.moe_matmul (gate and up in one call, then down) ->
+    [P, n_embd] in the grouped pair order; the same rows _expert_ffn gives group by group."""
+    experts = by_expert[cuts[:-1]]  # [g] each group's expert
+    if mw.gate_exps is None:  # fused gate|up rows
+        gu, = ops.moe_matmul((mw.up_exps,), h, tokens, experts, cuts)  # [P, 2*n_ff_exp]
+        if mw.up_exps_b is not None:
+            gu = ops.add(gu, mw.up_exps_b[by_expert], out=gu)
+        half = gu.shape[1] // 2
+        gate, up = ops.slice_cols(gu, 0, half), ops.slice_cols(gu, half, 2 * half)
+    else:
+        gate, up = ops.moe_matmul((mw.gate_exps, mw.up_exps), h, tokens, experts, cuts)  # [P, n_ff_exp] each
+        if mw.gate_exps_b is not None:
+            gate = ops.add(gate, mw.gate_exps_b[by_expert], out=gate)
+        if mw.up_exps_b is not None:
+            up = ops.add(up, mw.up_exps_b[by_expert], out=up)
+    a = act(ops, gate, up)  # [P, n_ff_exp]
+    y, = ops.moe_matmul((mw.down_exps,), a, np.arange(a.shape[0], dtype=np.int32), experts, cuts)  # [P, n_embd]
+    if mw.down_exps_b is not None:
+        y = ops.add(y, mw.down_exps_b[by_expert], out=y)
+    return y
+
+
 def moe_ffn(ops, mw: MoEWeights, h, act: str):
     """The MoE block of h [n, n_embd] (the ffn-normed hidden states) -> [n, n_embd]; `act` names
     a models/ffn.py GATED_ACTIVATIONS entry."""
@@ -166,12 +190,15 @@ def moe_ffn(ops, mw: MoEWeights, h, act: str):
     tokens = (order // k).astype(np.int32)  # the token of each grouped pair
     src = np.empty(n * k, dtype=np.int32)
     src[order] = np.arange(n * k, dtype=np.int32)  # pair p's output row among the groups' rows
-    gates = None if mw.gate_exps is None else _per_expert(mw.gate_exps)
-    ups, downs = _per_expert(mw.up_exps), _per_expert(mw.down_exps)
-    ys = []
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        x = h if b - a == n else ops.take_rows(h, tokens[a:b])  # all n tokens: h itself, in order
-        ys.append(_expert_ffn(ops, mw, gates, ups, downs, int(by_expert[a]), x, act_fn))
+    if hasattr(ops, "moe_matmul") and isinstance(mw.up_exps, QTensor):  # every expert in one call (CPU)
+        ys = [_experts_ffn(ops, mw, h, tokens, by_expert, cuts, act_fn)]
+    else:
+        gates = None if mw.gate_exps is None else _per_expert(mw.gate_exps)
+        ups, downs = _per_expert(mw.up_exps), _per_expert(mw.down_exps)
+        ys = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            x = h if b - a == n else ops.take_rows(h, tokens[a:b])  # all n tokens: h itself, in order
+            ys.append(_expert_ffn(ops, mw, gates, ups, downs, int(by_expert[a]), x, act_fn))
     src = src.reshape(n, k)
     if mw.shared is not None:  # one more term per token, after the routed ones (as llama.cpp adds it)
         ys.append(gated_ffn(ops, mw.shared, h, act))

@@ -51,6 +51,10 @@ def quantize_rows_q8(x, xq, xd, xs):
     _q8_rows(x, xq, xd, xs)
 
 
+# at most this many rows are quantized in the calling thread (a MoE layer's k expert rows at decode)
+SERIAL_ROWS = 8
+
+
 @nb.njit(nogil=True, cache=True, fastmath=False)
 def quantize_row_q8_serial(x, xq, xd, xs):
     """quantize_rows_q8 in the calling thread: one row (decode) is ~1 us of work, less than
@@ -110,5 +114,5 @@ def quantize_activations(x: np.ndarray, grid: str = "q8_32"):
     if grid == "q8_K":
         quantize_rows_q8_K(x, xq, xd, xs)
     else:
-        (quantize_row_q8_serial if n == 1 else quantize_rows_q8)(x, xq, xd, xs)
+        (quantize_row_q8_serial if n <= SERIAL_ROWS else quantize_rows_q8)(x, xq, xd, xs)
     return xq, xd, xs

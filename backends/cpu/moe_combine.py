@@ -10,8 +10,13 @@ import numba as nb
 import numpy as np
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _combine_rows(y, src, w, out):
+# at most this many tokens are summed in the calling thread: a decode step's few rows are less
+# work than starting the thread pool (which, on a busy machine, waits for a descheduled worker)
+SERIAL_ROWS = 8
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _combine(y, src, w, out):
     n, c = src.shape
     d = y.shape[1]
     for t in nb.prange(n):
@@ -22,6 +27,16 @@ def _combine_rows(y, src, w, out):
             wt = w[t, j]
             for i in range(d):
                 out[t, i] += wt * y[r, i]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _combine_rows(y, src, w, out):
+    _combine(y, src, w, out)
+
+
+@nb.njit(nogil=True, cache=True)
+def _combine_rows_serial(y, src, w, out):
+    _combine(y, src, w, out)
 
 
 def moe_combine(ys, src: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -38,5 +53,5 @@ def moe_combine(ys, src: np.ndarray, weights: np.ndarray) -> np.ndarray:
     if src.size and (src.min() < 0 or src.max() >= y.shape[0]):
         raise ValueError(f"moe_combine: src indices must be in [0, {y.shape[0]})")
     out = np.empty((src.shape[0], y.shape[1]), dtype=np.float32)
-    _combine_rows(y, src, weights, out)
+    (_combine_rows_serial if src.shape[0] <= SERIAL_ROWS else _combine_rows)(y, src, weights, out)
     return out

@@ -1,0 +1,151 @@
+"""moe_matmul: every chosen expert's matmul of a mixture-of-experts layer in one call (llama.cpp's
+mul_mat_id).
+
+The (token, expert) pairs come grouped by expert; group g's pairs cuts[g]:cuts[g+1] multiply
+expert experts[g]'s slab of the stacked 3-D tensor. At decode a layer has k groups of one row,
+where one matmul per expert and weight paid a Python call, a quantization of the same x and a
+thread-pool start each; here x is quantized once and, for the K-quants and IQ4_XS, all small
+groups of up to two weights (gate and up) run in one parallel kernel over (weight, group, rows)
+built on kquant_gemv.rows_dot. Groups larger than matmul's gemv threshold, and other types, go
+through matmul per group with the shared quantization. Either way each output row is the one
+matmul of that expert gives it (the gemv's float order is the gemm's): bit-identical, so batch
+invariance holds.
+"""
+
+import numba as nb
+import numpy as np
+
+from edged.backends.cpu import matmul_kquants
+from edged.backends.cpu.act_quant import quantize_activations
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
+from edged.backends.cpu.kquant_unpack import KIND_Q2K, KIND_Q3K, KIND_Q6K
+from edged.backends.cpu.matmul import gemv_max_n, matmul
+from edged.backends.cpu.matmul_kquants import GEMV_ROWS, QK_K, _block_sums, _half_terms, _int_bias
+from edged.quant.tensor import QTensor
+from edged.quant.types import TYPE_TRAITS, traits
+
+# qtype -> the K-quant kernels' run-time kind (the gemv TypedKernel's bound argument)
+_KQUANT_KIND = {qtype: int(gemv.extra[0]) for qtype, (gemv, _) in matmul_kquants.KERNELS.items()}
+
+
+@nb.njit(cache=True, nogil=True)
+def _prepare(xq, xd, xs, rows, kind):
+    """The gemv's activation operands of x's rows `rows` (int32 [P], in pair order): x int8 [P, k]
+    (the per-32 types' interleaved layout), xa, xb float32 [P, nf], as gemv_kquant makes them."""
+    gq, gd, gs = xq[rows], xd[rows], xs[rows]  # gather first: every step is per row
+    if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
+        xa, xb = _half_terms(gq, gd, gs, _int_bias(kind))  # [P, k/16] each
+        return gq, xa, xb
+    return interleave_blocks(gq), gd, _block_sums(gd, gs)  # [P, k], [P, k/32] x 2
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind):
+    """y_j[p] = x[p] @ W_j[experts[g]].T for j < nw and the pairs p in cuts[g]:cuts[g+1] of each
+    group g with small[g]; w_j uint8 [n_expert * m, row_bytes] (the experts' rows stacked), y_j
+    float32 [P, m]. One task per (weight, group, GEMV_ROWS rows); the row loop is gemv_kquant's."""
+    rb = w0.shape[1]
+    k = x.shape[1]
+    nf = xa.shape[1]
+    nsb = k // QK_K
+    ng = experts.shape[0]
+    ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
+    for it in nb.prange(nw * ng * ntask):
+        j = it // (ng * ntask)
+        g = (it // ntask) % ng
+        if not small[g]:
+            continue
+        task = it % ntask
+        w = w0 if j == 0 else w1
+        y = y0 if j == 0 else y1
+        base = experts[g] * m
+        a, b = cuts[g], cuts[g + 1]
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
+            t = a
+            while t < b:
+                nt = GEMV_TOKENS if b - t >= GEMV_TOKENS else (2 if b - t >= 2 else 1)
+                rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf, nf, nsb,
+                         y, t * m + r, t * m + r1, m)
+                t += nt
+
+
+@nb.njit(cache=True, nogil=True)
+def _small_groups(rows, experts, cuts, n_rows, n_expert, max_n):
+    """(error, small uint8 [g], n_small): small[g] when group g has 1..max_n pairs; error 1 when cuts do
+    not rise from 0 to len(rows), 2 for an expert id outside [0, n_expert), 3 for a row outside
+    [0, n_rows) (the kernels index with them: checked before any runs)."""
+    ng = experts.shape[0]
+    small = np.zeros(ng, np.uint8)
+    if cuts.shape[0] != ng + 1 or cuts[0] != 0 or cuts[ng] != rows.shape[0]:
+        return 1, small, 0
+    n_small = 0
+    for g in range(ng):
+        size = cuts[g + 1] - cuts[g]
+        if size < 0:
+            return 1, small, 0
+        if experts[g] < 0 or experts[g] >= n_expert:
+            return 2, small, 0
+        if 0 < size <= max_n:
+            small[g] = 1
+            n_small += 1
+    for r in rows:
+        if r < 0 or r >= n_rows:
+            return 3, small, 0
+    return 0, small, n_small
+
+
+def _check_weights(ws, x):
+    if not ws or len(ws) > 2:
+        raise ValueError(f"moe_matmul takes one or two stacked weights, got {len(ws)}")
+    w = ws[0]
+    for v in ws:
+        if not isinstance(v, QTensor) or len(v.shape) != 3:
+            raise ValueError(f"moe_matmul weight {getattr(v, 'name', v)!r} must be a 3-D [n_expert, m, k] QTensor")
+        if v.shape != w.shape:
+            raise ValueError(f"moe_matmul weights {w.name!r} {w.shape} and {v.name!r} {v.shape} differ in shape")
+    k = w.shape[2]
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"moe_matmul {w.name!r} {w.shape} needs float32 x of shape [n, {k}], got {x.dtype} {x.shape}")
+
+
+_GROUP_ERRORS = {1: "cuts must rise from 0 to the number of rows, one more than the groups",
+                 2: "expert ids must be in [0, {e})", 3: "rows must be in [0, {n})"}
+_Q8 = {qtype: traits(qtype).act_format == "q8_32" for qtype in TYPE_TRAITS}  # a dict lookup per call
+
+
+def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: np.ndarray) -> list:
+    """[y_j float32 [P, m] for each w_j in ws] with y_j[p] = x[rows[p]] @ W_j[experts[g]].T for
+    cuts[g] <= p < cuts[g+1]: ws one or two stacked QTensors [n_expert, m, k] of one shape (gate
+    and up share x's quantization), x float32 [n, k], rows int [P], experts int [g], cuts int [g+1]."""
+    x = np.ascontiguousarray(x)
+    rows = np.ascontiguousarray(rows, dtype=np.int32)
+    experts = np.ascontiguousarray(experts, dtype=np.int64)
+    cuts = np.ascontiguousarray(cuts, dtype=np.int64)
+    _check_weights(ws, x)
+    n_expert, m, _ = ws[0].shape
+    qtype = ws[0].qtype
+    kind = _KQUANT_KIND.get(qtype)
+    fused = kind is not None and all(w.qtype == qtype for w in ws)
+    err, small, n_small = _small_groups(rows, experts, cuts, x.shape[0], n_expert, gemv_max_n(qtype) if fused else 0)
+    if err:
+        raise ValueError("moe_matmul: " + _GROUP_ERRORS[err].format(e=n_expert, n=x.shape[0]))
+    P = rows.shape[0]
+    ys = [np.empty((P, m), dtype=np.float32) for _ in ws]  # [P, m] each
+    if P == 0:
+        return ys
+    q8 = [_Q8.get(w.qtype, False) for w in ws]  # unknown types: matmul names them
+    qx = quantize_activations(x) if any(q8) else None  # once for every expert and weight
+    if n_small:
+        xg, xa, xb = _prepare(*qx, rows, kind)
+        _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1], kind)
+    for g in (np.flatnonzero(small == 0) if n_small < len(small) else ()):  # large groups, other types: matmul each
+        a, b, e = int(cuts[g]), int(cuts[g + 1]), int(experts[g])
+        if a == b:
+            continue
+        r = rows[a:b]
+        xr = x[r]  # [b - a, k]
+        gq = None if qx is None else (qx[0][r], qx[1][r], qx[2][r])
+        for w, y, wq in zip(ws, ys, q8):
+            matmul(w.slab(e), xr, qx=gq if wq else None, out=y[a:b])
+    return ys
