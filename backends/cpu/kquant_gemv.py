@@ -19,7 +19,7 @@ from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kquant_unpack import TYPES
 from edged.backends.cpu.vector_ir import (
     F32, I32, I64, V8F, V16F, V16I32, V64I8, as_i64, base_ptr, dpbusd, emit_switch, ints, is_arr, load, loop,
-    shuf, store, vec,
+    prefetch_lines, shuf, store, vec,
 )
 
 GEMV_TOKENS = 4  # most tokens per rows-dot call (the weights are unpacked once for all of them)
@@ -90,7 +90,8 @@ def _block_terms(builder, family, g, rows, xav, xbv):
 
 
 def _emit_rows_dot(context, builder, signature, args, kind, nt):
-    """Two rows × nt tokens of type `kind` (arguments as rows_dot's, without kind and nt)."""
+    """Two rows × nt tokens of type `kind` (arguments as rows_dot's, without kind and nt); with
+    pf > 0 (args[15]) each superblock step prefetches both rows' bytes pf ahead."""
     bbytes, quants, _, scales, family = TYPES[kind]
     nf = 8 if family == "s32" else 16  # activation terms per superblock
     st = signature.args
@@ -104,7 +105,13 @@ def _emit_rows_dot(context, builder, signature, args, kind, nt):
     xbps = [tok(7, 8, 9, t) for t in range(nt)]
     vf = V8F if family == "s32" else V16F
 
+    pf = i64(15)
+    wraw = base_ptr(context, builder, st[0], args[0], c64(0))
+
     def body(i, acc):
+        with builder.if_then(builder.icmp_signed(">", pf, c64(0))):
+            for k in (1, 2):
+                prefetch_lines(builder, wraw, builder.add(builder.add(i64(k), builder.mul(i, c64(bbytes))), pf), bbytes)
         rows = []  # per row: (s, c, 4 chunks of unsigned weights), kept in registers
         for wp in wps:
             bp = builder.gep(wp, [builder.mul(i, c64(bbytes))])
@@ -129,12 +136,13 @@ def _emit_rows_dot(context, builder, signature, args, kind, nt):
 
 
 @intrinsic
-def _rows_dot(typingctx, kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride):
+def _rows_dot(typingctx, kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride,
+              pf):
     if not (is_arr(w, types.uint8) and is_arr(x, types.int8) and is_arr(xa, types.float32)
             and is_arr(xb, types.float32) and is_arr(out, types.float32)
-            and ints(kind, nt, woff0, woff1, xoff, xstride, doff, dstride, nsb, o0, o1, ostride)):
+            and ints(kind, nt, woff0, woff1, xoff, xstride, doff, dstride, nsb, o0, o1, ostride, pf)):
         return None
-    sig = types.void(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    sig = types.void(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf)
 
     def codegen(context, builder, signature, args):
         sub, rest = signature.replace(args=signature.args[2:]), args[2:]
@@ -159,7 +167,15 @@ def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride,
     per-16 types (Q6_K, Q3_K, Q2_K) per 16-half the block scale and scale × half sum [k/16]
     (Q6_K / Q3_K: the int32 bits of B × half sum). Each superblock is unpacked once for all nt
     tokens; `kind` and `nt` switch at run time between the 18 compiled bodies."""
-    _rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride)
+    _rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, 0)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def rows_dot_prefetch(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride,
+                      pf):
+    """rows_dot, each superblock step also prefetching the bytes pf past both rows' reads when
+    pf > 0 (a tuning knob: the same arithmetic)."""
+    _rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf)
 
 
 @nb.njit(cache=True, nogil=True)

@@ -21,19 +21,18 @@ def _arr(t, dtype, ndim):
     return isinstance(t, types.Array) and t.dtype == dtype and t.ndim == ndim
 
 
-@intrinsic
-def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
-    """y[t, r] = Σ_j w_j·x_tj for every token t, canonical 8-lane float order (see rows_dot8)."""
+def _typed_rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r, *knobs):
+    """(signature, codegen) of the row dot for these argument types, or None if they do not fit."""
     ok = (
         _arr(row, types.uint8, 1) and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
         and _arr(xt, types.int8, 2) and _arr(xq, types.int8, 2) and _arr(xd, types.float32, 2)
         and _arr(xs, types.int32, 2) and _arr(acc, types.float32, 1) and _arr(y, types.float32, 2)
-        and isinstance(r, types.Integer)
+        and isinstance(r, types.Integer) and all(isinstance(t, types.Integer) for t in knobs)
     )
     if not ok:
         return None
     layout = LAYOUTS[kind.literal_value]
-    sig = types.void(row, kind, xt, xq, xd, xs, acc, y, r)
+    sig = types.void(row, kind, xt, xq, xd, xs, acc, y, r, *knobs)
 
     def codegen(context, builder, signature, args):
         GemvRowEmitter(context, builder, signature, args, layout).emit()
@@ -42,16 +41,31 @@ def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
     return sig, codegen
 
 
+@intrinsic
+def _rows_dot8(typingctx, row, kind, xt, xq, xd, xs, acc, y, r):
+    """y[t, r] = Σ_j w_j·x_tj for every token t, canonical 8-lane float order (see rows_dot8), with
+    the default knobs (no prefetch; token pairs on VNNI hosts)."""
+    return _typed_rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r)
+
+
+@intrinsic
+def _rows_dot8_knobs(typingctx, row, kind, xt, xq, xd, xs, acc, y, r, pf, mode):
+    """_rows_dot8 with rows_dot8's run-time knobs pf and mode."""
+    return _typed_rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r, pf, mode)
+
+
 @nb.njit(cache=True, nogil=True, inline="always")
-def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r):
+def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r, pf, mode):
     """Column r of y [n, m] for one raw weight row of LAYOUTS[kind] blocks (kind a compile-time
     constant) and all n tokens, in the canonical 8-lane float order (bit-identical to
     row_tile_dot_raw8's lane for the same token).
 
     xt int8 [ceil(n/2), ceil(k/256)·512]: xq repacked by repack_groups8; xq int8 [n, k] (its shape only);
     xd float32 [n, k/32]; xs int32 [n, k/32]; acc float32 scratch [>= 8n]. Sizes are not checked:
-    the caller guarantees them."""
-    _rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r)
+    the caller guarantees them. Run-time knobs that leave every lane's arithmetic as it is:
+    pf > 0 prefetches the bytes pf ahead of each group of the row (0: none); mode 1 runs one token
+    per 256-bit dot where VNNI hosts pair two tokens in a 512-bit one (0)."""
+    _rows_dot8_knobs(row, kind, xt, xq, xd, xs, acc, y, r, pf, mode)
 
 
 @nb.njit(cache=True, nogil=True)

@@ -65,8 +65,12 @@ class GemvRowEmitter:
         self.b = builder
         self.layout = layout
         self.size, _, _, self.moff, _, self.cfix, _ = layout
-        ra, _, xta, xa, xda, xsa, acca, ya, ri = args
+        ra, _, xta, xa, xda, xsa, acca, ya, ri = args[:9]
         at = signature.args
+        # run-time knobs (legacy_gemv.rows_dot8): prefetch distance in bytes, token grouping
+        self.pf, self.mode = None, None
+        if len(args) > 9:
+            self.pf, self.mode = (context.cast(builder, args[i], at[i], types.int64) for i in (9, 10))
         xtarr = context.make_array(at[2])(context, builder, xta)
         self.xts = builder.extract_value(xtarr.shape, 1)
         xarr = context.make_array(at[3])(context, builder, xa)
@@ -115,6 +119,10 @@ class GemvRowEmitter:
         xd, xs are masked to zero, and their weight reads are clamped into the row). A Python
         int nvalid is known at compile time: blocks past it are not read at all."""
         g = SimpleNamespace(grp=grp, nvalid=nvalid, first=first, b0=self.b.mul(grp, _i64(8)))
+        if self.pf is not None:  # the lines pf bytes past this group's start (in the next rows at the end)
+            b = self.b
+            with b.if_then(b.icmp_signed(">", self.pf, _i64(0))):
+                vir.prefetch_lines(b, self.rp, b.add(b.mul(g.b0, _i64(self.size)), self.pf), 8 * self.size)
         self.group_weights(g)
         self.group_scales(g)
         self.group_tokens(g)
@@ -208,14 +216,16 @@ class GemvRowEmitter:
     def group_tokens(self, g):
         b, n = self.b, self.n
         if g.nvalid is None:
-            if vir.USE_VNNI:
-                with cgutils.for_range(b, b.lshr(n, _i64(1))) as pl:
-                    self.two_tokens(g, b.shl(pl.index, _i64(1)))
-                with b.if_then(b.icmp_unsigned("!=", b.and_(n, _i64(1)), _i64(0))):
-                    self.one_token(g, b.sub(n, _i64(1)))
-            else:
-                with cgutils.for_range(b, n) as tl:
-                    self.one_token(g, tl.index)
+            if not vir.USE_VNNI:
+                self.each_token(g)
+            elif self.mode is None:
+                self.token_pairs(g)
+            else:  # mode 1: one token per 256-bit dot (the same lanes, the same operations)
+                with b.if_else(b.icmp_signed("==", self.mode, _i64(0))) as (pairs, single):
+                    with pairs:
+                        self.token_pairs(g)
+                    with single:
+                        self.each_token(g)
             return
         # a last group of <= 4 blocks: repack_groups8 packs token pairs into its lanes 0-3 and
         # 4-7, so one vpdpbusd serves two tokens. Lanes 4-7 of each token hold only zero terms,
@@ -231,8 +241,19 @@ class GemvRowEmitter:
                 with b.if_then(b.icmp_unsigned("!=", b.and_(n, _i64(1)), _i64(0))):
                     self.one_token(g, b.sub(n, _i64(1)))  # alone in its pair: partner lanes are zero
             with spread:
-                with cgutils.for_range(b, n) as tl:
-                    self.one_token(g, tl.index)
+                self.each_token(g)
+
+    def each_token(self, g):
+        with cgutils.for_range(self.b, self.n) as tl:
+            self.one_token(g, tl.index)
+
+    def token_pairs(self, g):
+        """Token pairs in 512-bit vectors (two_tokens), an odd last token alone."""
+        b, n = self.b, self.n
+        with cgutils.for_range(b, b.lshr(n, _i64(1))) as pl:
+            self.two_tokens(g, b.shl(pl.index, _i64(1)))
+        with b.if_then(b.icmp_unsigned("!=", b.and_(n, _i64(1)), _i64(0))):
+            self.one_token(g, b.sub(n, _i64(1)))
 
     def scales(self, g, t):
         """xd, xs (as float) of token t's 8 blocks in this group."""

@@ -10,6 +10,9 @@ Public API
     supported_types() -> tuple            types with kernels, in TYPE_TRAITS order
     kernels_for(qtype) -> (gemv, gemm)     the two Numba kernels of a type (for inspect_asm, benches)
     gemv_max_n(qtype) -> int               the largest n that matmul hands to the type's gemv
+    set_tuned(choices) / tuned()           per-shape kernel knobs and gemv/gemm crossover chosen on
+                                           this machine (tuning.py)
+    matmul_knobs(w, x, knobs, kernel=)     matmul with the given knobs (the tuner's timing call)
 
 Kernel-module contract
     Each kernel module (matmul_float.py, matmul_legacy.py, matmul_kquants.py) exports
@@ -20,6 +23,16 @@ Kernel-module contract
     All arrays are C-contiguous. gemv is called for n <= the module's GEMV_MAX_N (this module's
     GEMV_MAX_N where it has none), gemm (weight blocks read once per tile of tokens) for larger n;
     both accept any n. Kernels may assume valid shapes: this module checks.
+    Both are TypedKernels (typed_kernel.py) over a dispatcher that also takes four run-time knobs
+    (tasks, prefetch, mode, threads), all 0 for the kernel's built-in choices; they change how rows
+    are split into tasks, what is prefetched, how tokens share a vector and how many threads run,
+    never a row's float operations, so every knob setting gives the same bits. `KNOBS` (optional)
+    names the values the tuner may try for each kernel besides task and thread counts.
+
+Per-machine tuning (backends/cpu/tuning.py) picks the knobs per (type, m, k) and size class
+(n = 1, gemv n > 1, gemm), and the largest n given to the gemv (gemv and gemm give the same bits
+for every type: tests/backends/test_batch_invariance.py), and installs them with set_tuned;
+matmul then reads them with one dict lookup a call.
 """
 
 import numpy as np
@@ -31,6 +44,7 @@ from edged.quant.types import TYPE_TRAITS, traits
 from edged.backends.cpu import matmul_float, matmul_kquants, matmul_legacy
 from edged.backends.cpu import matmul_iqgrid
 from edged.backends.cpu import matmul_lowbit
+from edged.backends.cpu.typed_kernel import DEFAULT_KNOBS
 
 # n at or below which gemv is used unless the kernel module sets its own: gemv reads each row once
 # for all n tokens but costs a full block dot per token, while gemm pays a 16-token tile whatever
@@ -78,11 +92,57 @@ def gemv_max_n(qtype) -> int:
     return _GEMV_MAX_N[traits(qtype).qtype]
 
 
-# qtype -> (gemv, gemm, takes q8_32 activations, gemv's largest n): one dict lookup per call
-# instead of enum conversions and trait lookups (Python time a small decode matmul notices)
+def _launch(pair):
+    """(gemv dispatcher, gemm dispatcher, per size class the default trailing args): the kernels'
+    dispatchers called directly with their bound type and knobs (TypedKernel adds a Python call)."""
+    gv, gm = pair
+    return gv.kernel, gm.kernel, tuple(k.extra + DEFAULT_KNOBS for k in (gv, gv, gm))
+
+
+# qtype -> (gemv, gemm, default args per size class, takes q8_32 activations, gemv's largest n): one
+# dict lookup per call instead of enum conversions and trait lookups (Python time a small decode
+# matmul notices)
 _DISPATCH = {
-    qtype: (*pair, traits(qtype).act_format == "q8_32", _GEMV_MAX_N[qtype]) for qtype, pair in _KERNELS.items()
+    qtype: (*_launch(pair), traits(qtype).act_format == "q8_32", _GEMV_MAX_N[qtype]) for qtype, pair in _KERNELS.items()
 }
+
+# (qtype, m, k) -> (per size class (n = 1, gemv n > 1, gemm) the kernel's trailing args: bound type
+# + knobs; then the gemv's largest n); set by set_tuned, empty (every kernel's defaults) otherwise
+_TUNED: dict = {}
+
+SIZE_CLASSES = ("n1", "gemv", "gemm")
+
+
+def size_class(qtype, n: int, max_n: int | None = None) -> int:
+    """Index in SIZE_CLASSES of a matmul of n tokens: n = 1, other gemv batches (n <= max_n, by
+    default the type's gemv_max_n), gemm."""
+    return 0 if n == 1 else (1 if n <= (max_n or gemv_max_n(qtype)) else 2)
+
+
+def set_tuned(choices: dict) -> None:
+    """Install tuned choices: {(qtype, m, k): (knobs_n1, knobs_gemv, knobs_gemm[, gemv_max_n])},
+    knobs (tasks, prefetch, mode, threads) as typed_kernel.DEFAULT_KNOBS, gemv_max_n the largest
+    n for the gemv (left out or None: the type's default); {} restores every kernel's defaults."""
+    table = {}
+    for (qtype, m, k), entry in choices.items():
+        gv, gm = kernels_for(qtype)
+        nc = len(SIZE_CLASSES)
+        classes, max_n = entry[:nc], (entry[nc] if len(entry) > nc else None)
+        if (len(classes) != len(SIZE_CLASSES) or len(entry) > len(SIZE_CLASSES) + 1
+                or any(len(kn) != len(DEFAULT_KNOBS) for kn in classes) or (max_n is not None and max_n < 1)):
+            raise ValueError(f"tuned {qtype.name} [{m}, {k}]: {entry!r} is not {len(SIZE_CLASSES)} size classes "
+                             f"of {len(DEFAULT_KNOBS)} knobs and an optional gemv_max_n >= 1")
+        table[(traits(qtype).qtype, int(m), int(k))] = (
+            *(kern.extra + tuple(int(v) for v in knobs) for kern, knobs in zip((gv, gv, gm), classes)),
+            int(max_n) if max_n is not None else gemv_max_n(qtype))
+    _TUNED.clear()
+    _TUNED.update(table)
+
+
+def tuned() -> dict:
+    """The installed choices, as set_tuned takes them (gemv_max_n always given)."""
+    nk = len(DEFAULT_KNOBS)
+    return {key: (*(args[-nk:] for args in entry[:-1]), entry[-1]) for key, entry in _TUNED.items()}
 
 
 def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -98,7 +158,7 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
     plan = _DISPATCH.get(w.qtype)
     if plan is None:
         check_supported(w.qtype)  # raises, naming the type
-    gemv, gemm, q8, max_n = plan
+    gemv, gemm, defaults, q8, max_n = plan
     m, k = w.shape
     if type(x) is not np.ndarray:
         x = np.asarray(x)
@@ -113,15 +173,41 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
         raise ValueError(f"out must be C-contiguous float32 [{n}, {m}], got {out.dtype} {out.shape}")
     if n == 0:
         return out
+    tuned = _TUNED.get((w.qtype, m, k)) if _TUNED else None
+    if tuned is not None:
+        max_n = tuned[3]
+    cls = 0 if n == 1 else (1 if n <= max_n else 2)
+    kern = gemv if cls < 2 else gemm
+    args = (defaults if tuned is None else tuned)[cls]  # the bound type, then the knobs
     rows = w.rows()  # uint8 [m, row_bytes]
-    kern = gemv if n <= max_n else gemm
     if q8:
         if qx is None:
             qx = quantize_activations(x)
         xq, xd, xs = qx
         if xq.shape != (n, k) or xd.shape != (n, k // 32) or xs.shape != (n, k // 32):
             raise ValueError(f"qx shapes {xq.shape}, {xd.shape}, {xs.shape} do not match x {x.shape}")
-        kern(rows, xq, xd, xs, out)
+        kern(rows, xq, xd, xs, out, *args)
     else:
-        kern(rows, x if x.flags.c_contiguous else np.ascontiguousarray(x), out)
+        kern(rows, x if x.flags.c_contiguous else np.ascontiguousarray(x), out, *args)
+    return out
+
+
+def matmul_knobs(w: QTensor, x: np.ndarray, knobs, *, kernel: str | None = None, qx=None, out=None) -> np.ndarray:
+    """matmul(w, x) through `kernel` ("gemv" or "gemm"; None: the one the type's default gemv_max_n
+    picks), run with `knobs` (tasks, prefetch, mode, threads) instead of the installed choice: the
+    tuner times variants so, and tests check that each gives the same bits. Inputs are not checked."""
+    n = x.shape[0]
+    m, k = w.shape
+    gemv, gemm, defaults, q8, max_n = _DISPATCH[traits(w.qtype).qtype]
+    cls = 0 if n == 1 else (1 if n <= max_n else 2)
+    if kernel is not None:
+        cls = 2 if kernel == "gemm" else min(cls, 1)
+    if out is None:
+        out = np.empty((n, m), dtype=np.float32)  # [n, m]
+    args = defaults[cls][: -len(DEFAULT_KNOBS)] + tuple(knobs)
+    kern = gemv if cls < 2 else gemm
+    if q8:
+        kern(w.rows(), *(qx if qx is not None else quantize_activations(x)), out, *args)
+    else:
+        kern(w.rows(), np.ascontiguousarray(x), out, *args)
     return out

@@ -29,6 +29,9 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
+from edged.backends.cpu.typed_kernel import TypedKernel
+
 # Read at codegen time; tests set it to False (and compile uncached) to run the portable path.
 USE_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
 
@@ -242,9 +245,12 @@ def _tail_tokens(kind, w, x, y, r_lo, r_hi, t0, t1):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _rows_per_task(m, row_bytes):
-    """gemm rows per prange task: a multiple of 8, few enough to stay in L2, and a task count that
-    is a multiple of 8, so static scheduling splits it evenly over 1, 2, 4 or 8 threads."""
+def _rows_per_task(m, row_bytes, tasks):
+    """gemm rows per prange task, a multiple of 8: for `tasks` tasks, or (tasks 0) few enough to
+    stay in L2 with a task count that is a multiple of 8, so static scheduling splits it evenly
+    over 1, 2, 4 or 8 threads."""
+    if tasks > 0:
+        return max(8, (-(-m // tasks) + 7) // 8 * 8)
     ntask = max(1, -(-m * row_bytes // L2_ROWS_BYTES))
     ntask = -(-ntask // 8) * 8
     per_task = -(-m // ntask)
@@ -252,20 +258,27 @@ def _rows_per_task(m, row_bytes):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _matmul_body(kind, w, x, y):
+def _matmul_body(kind, w, x, y, tasks, pf):
     """n <= 4: one pass over the weights in tiles of 8 (n <= 2) or 4 rows, parallel over rows.
     Larger n: tasks of `rb` rows (L2-sized) parallel over rows; in each, blocks of `tb` tokens
     (L2-sized); in each block, 8 rows at a time meet all its 6-token tiles, then its n % 6 last
     tokens. So weights stream from memory once, spread evenly over the compute (each 8-row strip
-    serves every token of the block while it sits in L1/L2), and later token blocks find them in L2."""
+    serves every token of the block while it sits in L1/L2), and later token blocks find them in L2.
+    Knobs (matmul.py; neither changes a tile's arithmetic): tasks, the prange steps (0: one per 8
+    rows for n <= 4, L2-sized above); pf, the prefetch distance in rows of a strip's first pass
+    (0: 8 for F16/BF16, none for F32; -1: none)."""
     m = w.shape[0]
     n, k = x.shape
     if n <= 4:
-        for g in nb.prange((m + 7) // 8):
-            _tail_tokens(kind, w, x, y, 8 * g, min(m, 8 * g + 8), 0, n)
+        groups = (m + 7) // 8
+        per = 1 if tasks <= 0 else max(1, -(-groups // tasks))  # 8-row groups per task
+        for g0 in nb.prange((groups + per - 1) // per):
+            for g in range(g0 * per, min(groups, g0 * per + per)):
+                _tail_tokens(kind, w, x, y, 8 * g, min(m, 8 * g + 8), 0, n)
         return
-    rb = _rows_per_task(m, w.shape[1])
+    rb = _rows_per_task(m, w.shape[1], tasks)
     tb = max(6, X_BLOCK_BYTES // max(1, 4 * k) // 6 * 6)  # tokens per block, a multiple of 6
+    ahead = pf if pf != 0 else (8 if kind != F32 else -1)
     for task in nb.prange((m + rb - 1) // rb):
         r_lo = task * rb
         r_hi = min(m, r_lo + rb)
@@ -274,11 +287,11 @@ def _matmul_body(kind, w, x, y):
             b6 = b0 + (b1 - b0) // 6 * 6
             for r8 in range(r_lo, r_hi, 8):
                 for t0 in range(b0, b6, 6):
-                    # first pass over the strip: fetch the next one (F16/BF16 only: for F32 a line
-                    # per row per step cost more than it saved; docs/kernels.md)
-                    if kind != F32 and t0 == 0 and r8 + 8 < r_hi:
-                        tile_dot(kind, 4, 6, w, x, y, r8, t0, r8 + 8)
-                        tile_dot(kind, 4, 6, w, x, y, r8 + 4, t0, r8 + 12)
+                    # first pass over the strip: fetch a later one (by default F16/BF16 only: for
+                    # F32 a line per row per step cost more than it saved; docs/kernels.md)
+                    if ahead > 0 and t0 == 0 and r8 + ahead < r_hi:
+                        tile_dot(kind, 4, 6, w, x, y, r8, t0, r8 + ahead)
+                        tile_dot(kind, 4, 6, w, x, y, r8 + 4, t0, r8 + ahead + 4)
                     else:
                         tile_dot(kind, 4, 6, w, x, y, r8, t0, -1)
                         if r8 + 4 < r_hi:
@@ -290,26 +303,38 @@ def _matmul_body(kind, w, x, y):
 # One kernel per type serves as both gemv and gemm: it picks its tile shapes from n.
 
 
+# knobs (tasks, pf, mode, threads): see _matmul_body and kernel_threads (mode unused); TypedKernel
+# passes them on every call
 @nb.njit(parallel=True, nogil=True, cache=True)
-def matmul_f32(w, x, y):
+def matmul_f32(w, x, y, tasks=0, pf=0, mode=0, threads=0):
     """F32 rows: 4-byte little-endian IEEE floats."""
-    _matmul_body(F32, w, x, y)
+    prev = fewer_threads(threads)
+    _matmul_body(F32, w, x, y, tasks, pf)
+    restore_threads(prev)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def matmul_f16(w, x, y):
+def matmul_f16(w, x, y, tasks=0, pf=0, mode=0, threads=0):
     """F16 rows: IEEE binary16, widened exactly."""
-    _matmul_body(F16, w, x, y)
+    prev = fewer_threads(threads)
+    _matmul_body(F16, w, x, y, tasks, pf)
+    restore_threads(prev)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
-def matmul_bf16(w, x, y):
+def matmul_bf16(w, x, y, tasks=0, pf=0, mode=0, threads=0):
     """BF16 rows: the high 16 bits of a float32, widened exactly."""
-    _matmul_body(BF16, w, x, y)
+    prev = fewer_threads(threads)
+    _matmul_body(BF16, w, x, y, tasks, pf)
+    restore_threads(prev)
 
 
-KERNELS = {
-    T.F32: (matmul_f32, matmul_f32),
-    T.F16: (matmul_f16, matmul_f16),
-    T.BF16: (matmul_bf16, matmul_bf16),
-}
+def _bound(kernel):
+    k = TypedKernel(kernel.__name__, kernel)
+    return k, k
+
+
+KERNELS = {T.F32: _bound(matmul_f32), T.F16: _bound(matmul_f16), T.BF16: _bound(matmul_bf16)}
+
+# knobs the tuner may try beside tasks (backends/cpu/tuning.py): gemm prefetch rows ahead (-1: none)
+KNOBS = {"gemv": {}, "gemm": {"prefetch": (-1, 16)}}

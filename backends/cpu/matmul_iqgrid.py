@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
+from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
 from edged.backends.cpu.kquant_unpack import KIND_Q2K, KIND_Q4K
 from edged.backends.cpu.matmul_kquants import _block_sums, _half_terms, _prepare_tiles
@@ -142,9 +143,11 @@ def _dot16(u, uo, xq, t, xo):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_iqgrid(w, xq, xd, xs, y, kind):
+def gemv_iqgrid(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T for small n: per row, each superblock decoded once for every token; the
-    block terms are tile_dot's (s32: S·(xd·s) + c·(xd·xs); s16: per 16-half, summed as the tile)."""
+    block terms are tile_dot's (s32: S·(xd·s) + c·(xd·xs); s16: per 16-half, summed as the tile).
+    Knobs (matmul.py): tasks, the prange steps (0: _GEMV_TASKS); threads; pf and mode unused."""
+    prev = fewer_threads(threads)
     m = w.shape[0]
     n, k = xq.shape
     nsb = k // QK_K
@@ -154,7 +157,7 @@ def gemv_iqgrid(w, xq, xd, xs, y, kind):
         xa, xb = _half_terms(xq, xd, xs, 0)  # [n, k/16] each: xd twice, xd · half sums
     else:
         xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
-    n_tasks = min(m, _GEMV_TASKS)
+    n_tasks = min(m, tasks if tasks > 0 else _GEMV_TASKS)
     for task in nb.prange(n_tasks):
         u = np.empty(QK_K, np.uint8)  # [256] one decoded superblock
         s = np.empty(16, np.float32)  # [8] or [8][2]
@@ -180,15 +183,16 @@ def gemv_iqgrid(w, xq, xd, xs, y, kind):
                     acc[t] += ((tw[0] + tw[1]) + (tw[2] + tw[3])) + ((tw[4] + tw[5]) + (tw[6] + tw[7]))
             for t in range(n):
                 y[t, r] = acc[t]
+    restore_threads(prev)
 
 
 # ------------------------------------------------------------------------------- gemm
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
+def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
     """y[n0 : n0 + n_live, :] for prepared tw-token tiles: GEMM_ROWS rows decoded once per pass,
-    then multiplied by every tile (tile_dot)."""
+    then multiplied by every tile (tile_dot), in `tasks` prange steps (0: _GEMM_TASKS)."""
     m = w.shape[0]
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // tw
@@ -199,7 +203,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
     fam = _TILE_S16 if per16 else _TILE_S32
     ns = 2 * nblk if per16 else nblk  # scales (and biases) per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
-    n_tasks = min(n_groups, _GEMM_TASKS)
+    n_tasks = min(n_groups, tasks if tasks > 0 else _GEMM_TASKS)
     for task in nb.prange(n_tasks):
         u = empty_aligned(1, GEMM_ROWS * k, np.uint8)[0]  # [rows, k] decoded unsigned weights
         s = empty_aligned(1, GEMM_ROWS * ns, np.float32)[0]  # [rows, ns]
@@ -228,9 +232,11 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
 
 
 @nb.njit(cache=True, nogil=True)
-def gemm_iqgrid(w, xq, xd, xs, y, kind):
+def gemm_iqgrid(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T in passes of up to _TILE_BYTES of tokens, 16-token tiles (8 when a pass
-    has at most 8 tokens, as matmul_kquants)."""
+    has at most 8 tokens, as matmul_kquants); knobs: tasks (the row loop's), threads (pf, mode
+    unused)."""
+    prev = fewer_threads(threads)
     n, k = xq.shape
     nblk = k // 32
     per16 = _per16(kind)
@@ -244,7 +250,8 @@ def gemm_iqgrid(w, xq, xd, xs, y, kind):
         xdt = empty_aligned(ntile, nblk * tw, np.float32)  # [ntile, k/32 · tw]
         xbt = empty_aligned(ntile, nb_ * nblk * tw, np.float32)  # [ntile, k/32 · (1|2) · tw]
         _prepare_tiles(xq, xd, xs, n0, tw, per16, 0, xi, xdt, xbt)
-        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y)
+        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks)
+    restore_threads(prev)
 
 
 KERNELS = {qtype: (bind("gemv", qtype, gemv_iqgrid, kind), bind("gemm", qtype, gemm_iqgrid, kind))

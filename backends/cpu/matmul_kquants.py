@@ -25,9 +25,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
+from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.kquant_decode import decode_row
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
-from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot_prefetch
 from edged.backends.cpu.kquant_unpack import KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K
 from edged.backends.cpu.typed_kernel import bind
 
@@ -98,10 +99,23 @@ def _dup_last(a):
     return out
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def gemv_rows_per_task(m, tasks):
+    """Rows per prange task of a gemv over m rows split into `tasks` (0: GEMV_ROWS each): even, so
+    rows are always paired the same way (2r, 2r + 1)."""
+    if tasks <= 0:
+        return GEMV_ROWS
+    per = (m + tasks - 1) // tasks
+    return per + (per & 1)
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_kquant(w, xq, xd, xs, y, kind):
+def gemv_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T for every type (`kind`, a KIND_* constant, picks the row unpacker), meant
-    for small n: per pair of rows, each superblock is unpacked once for up to GEMV_TOKENS tokens."""
+    for small n: per pair of rows, each superblock is unpacked once for up to GEMV_TOKENS tokens.
+    Knobs (matmul.py): tasks, the prange steps (0: GEMV_ROWS rows each); pf, rows_dot's prefetch
+    distance in bytes; threads (kernel_threads); mode unused."""
+    prev = fewer_threads(threads)
     m, rb = w.shape
     n, k = xq.shape
     if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
@@ -117,16 +131,19 @@ def gemv_kquant(w, xq, xd, xs, y, kind):
     nx = x.shape[0]
     nf = xa.shape[1]
     nsb = k // QK_K
-    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+    rpt = gemv_rows_per_task(m, tasks)
+    for task in nb.prange((m + rpt - 1) // rpt):
+        for r in range(task * rpt, min(m, (task + 1) * rpt), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             t = 0
             while t < nx:
                 nt = GEMV_TOKENS if nx - t >= GEMV_TOKENS else (2 if nx - t >= 2 else 1)
-                rows_dot(kind, nt, w, r * rb, r1 * rb, x, t * k, k, xa, xb, t * nf, nf, nsb, yo, t * m + r, t * m + r1, m)
+                rows_dot_prefetch(kind, nt, w, r * rb, r1 * rb, x, t * k, k, xa, xb, t * nf, nf, nsb, yo, t * m + r,
+                                  t * m + r1, m, pf)
                 t += nt
     if nx != n:
         y[:, :] = yo[:n]
+    restore_threads(prev)
 
 
 # ------------------------------------------------------------------------------- gemm
@@ -179,9 +196,10 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
+def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
     """y[n0 : n0 + n_live, :] for prepared tw-token tiles; `kind` picks the row decoder and tile
-    dot at run time (one compiled kernel for every type; the branches are per row and per tile)."""
+    dot at run time (one compiled kernel for every type; the branches are per row and per tile).
+    tasks: the prange steps (0: _GEMM_TASKS), each a run of whole row groups."""
     m, rb = w.shape
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // tw
@@ -191,7 +209,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
     ns = 2 * nblk if s16 else nblk  # scales per row
     nc = 2 * nblk if s16 else nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
-    n_tasks = min(n_groups, _GEMM_TASKS)
+    n_tasks = min(n_groups, tasks if tasks > 0 else _GEMM_TASKS)
     for task in nb.prange(n_tasks):
         u = empty_aligned(1, GEMM_ROWS * k, np.uint8)[0]  # [rows, k] decoded unsigned weights
         s = empty_aligned(1, GEMM_ROWS * ns, np.float32)[0]  # [rows, ns]
@@ -217,7 +235,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
 
 
 @nb.njit(cache=True, nogil=True)
-def _gemm(kind, w, xq, xd, xs, y):
+def _gemm(kind, w, xq, xd, xs, y, tasks):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
     at most 8 tokens uses 8-token tiles (ymm lanes: faster than a half-empty 16-token tile where ymm
     and zmm vpdpbusd issue at the same rate; docs/kernels.md)."""
@@ -234,16 +252,22 @@ def _gemm(kind, w, xq, xd, xs, y):
         xdt = empty_aligned(ntile, nblk * tw, np.float32)  # [ntile, k/32 · tw]
         xbt = empty_aligned(ntile, nb_ * nblk * tw, np.float32)  # [ntile, k/32 · (1|2) · tw]
         _prepare_tiles(xq, xd, xs, n0, tw, bias16, _int_bias(kind), xi, xdt, xbt)
-        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y)
+        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks)
 
 
 @nb.njit(cache=True, nogil=True)
-def gemm_kquant(w, xq, xd, xs, y, kind):
+def gemm_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T tiled over 16 (or 8) tokens, for every type: `kind` (KIND_*) picks the
-    row decoder. One compiled kernel for all types (see typed_kernel)."""
-    _gemm(kind, w, xq, xd, xs, y)
+    row decoder. One compiled kernel for all types (see typed_kernel). Knobs: tasks (the row
+    loop's prange steps), threads (pf and mode unused)."""
+    prev = fewer_threads(threads)
+    _gemm(kind, w, xq, xd, xs, y, tasks)
+    restore_threads(prev)
 
 
 KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind), bind("gemm", qtype, gemm_kquant, kind)) for qtype, kind in (
     (T.Q2_K, KIND_Q2K), (T.Q3_K, KIND_Q3K), (T.Q4_K, KIND_Q4K), (T.Q5_K, KIND_Q5K), (T.Q6_K, KIND_Q6K),
     (T.IQ4_XS, KIND_IQ4XS))}
+
+# knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in bytes
+KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {}}

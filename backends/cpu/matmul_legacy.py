@@ -33,9 +33,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
+from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
-from edged.backends.cpu.typed_kernel import bind
+from edged.backends.cpu.typed_kernel import TypedKernel, bind
 
 QK = 32
 
@@ -56,30 +57,36 @@ GEMV_TASKS = 32
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _gemv_raw(w, xq, xd, xs, y, kind):
+def _gemv_raw(w, xq, xd, xs, y, kind, tasks, pf, mode):
     """Small-n matmul over raw blocks of LAYOUTS[kind] (`kind` a constant at each call site, so
-    each kernel compiles its own row dot); parallel over rows, every token of a row at once."""
+    each kernel compiles its own row dot); parallel over rows, every token of a row at once.
+    Run-time knobs (matmul.py; none changes a row's arithmetic): tasks, the prange steps (0:
+    GEMV_TASKS); pf, mode: rows_dot8's prefetch distance and token grouping."""
     m = w.shape[0]
     n, k = xq.shape
     xt = empty_aligned((n + 1) // 2, ((k // QK + 7) // 8) * 512, np.int8)  # [token pairs, groups·512] 8-block groups, transposed
     repack_groups8(xq, xt)
-    n_tasks = min(m, GEMV_TASKS)
+    n_tasks = min(m, tasks if tasks > 0 else GEMV_TASKS)
     for task in nb.prange(n_tasks):
         acc = empty_aligned(1, 8 * n, np.float32)[0]  # [n, 8] lane accumulators
         for r in range(task * m // n_tasks, (task + 1) * m // n_tasks):
-            rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r)
+            rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r, pf, mode)
 
 
 def _make_gemv(qtype):
     """The gemv of one type: its own compiled kernel, as rows_dot8 specializes on the layout (the
-    closure's `kind` is a compile-time constant; Numba's cache keys on it)."""
+    closure's `kind` is a compile-time constant; Numba's cache keys on it). The knobs' defaults
+    serve uncached test copies of py_func; the TypedKernel always passes them."""
     kind = KIND[qtype]
 
-    def gemv(w, xq, xd, xs, y):
-        _gemv_raw(w, xq, xd, xs, y, kind)
+    def gemv(w, xq, xd, xs, y, tasks=0, pf=0, mode=0, threads=0):
+        prev = fewer_threads(threads)
+        _gemv_raw(w, xq, xd, xs, y, kind, tasks, pf, mode)
+        restore_threads(prev)
 
-    gemv.__name__ = gemv.__qualname__ = f"gemv_{qtype.name.lower()}"  # its name in the cache and in errors
-    return nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)(gemv)
+    name = f"gemv_{qtype.name.lower()}"
+    gemv.__name__ = gemv.__qualname__ = name  # its name in the cache and in errors
+    return TypedKernel(name, nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)(gemv))
 
 
 # ---------------------------------------------------------------- gemm: decoded rows × token tiles
@@ -108,15 +115,17 @@ GEMM_ROWS_PER_TASK = 16  # rows per prange step; their outputs are stored as 16-
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y):
-    """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass."""
+def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0):
+    """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass,
+    in `tasks` prange steps (0: GEMM_ROWS_PER_TASK rows each)."""
     m = w.shape[0]
     ntile = xi.shape[0]
-    for task in nb.prange((m + GEMM_ROWS_PER_TASK - 1) // GEMM_ROWS_PER_TASK):
+    rpt = GEMM_ROWS_PER_TASK if tasks <= 0 else max(1, (m + tasks - 1) // tasks)
+    for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(TOKENS, np.float32)  # [16]
-        r0 = task * GEMM_ROWS_PER_TASK
-        nr = min(m - r0, GEMM_ROWS_PER_TASK)
-        yt = np.empty((n_live, GEMM_ROWS_PER_TASK), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
+        r0 = task * rpt
+        nr = min(m - r0, rpt)
+        yt = np.empty((n_live, rpt), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
         for i in range(nr):
             row = w[r0 + i]
             for tile in range(ntile):
@@ -133,7 +142,7 @@ _TILE_BYTES = 512 * 1024
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm(kind, w, xq, xd, xs, y):
+def _gemm(kind, w, xq, xd, xs, y, tasks):
     n, k = xq.shape
     nblk = k // QK
     tiles_per_pass = max(1, _TILE_BYTES // (TOKENS * k))
@@ -144,14 +153,19 @@ def _gemm(kind, w, xq, xd, xs, y):
         xdt = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         xst = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst)
-        _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y)
+        _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks)
 
 
 @nb.njit(nogil=True, cache=True)
-def gemm_legacy(w, xq, xd, xs, y, kind):
+def gemm_legacy(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """The 16-token-tile gemm of every legacy type (`kind` a KIND value, run-time: one compiled
-    kernel for all six)."""
-    _gemm(kind, w, xq, xd, xs, y)
+    kernel for all six); knobs: tasks (the row loop's prange steps), threads (pf, mode unused)."""
+    prev = fewer_threads(threads)
+    _gemm(kind, w, xq, xd, xs, y, tasks)
+    restore_threads(prev)
 
 
 KERNELS = {qtype: (_make_gemv(qtype), bind("gemm", qtype, gemm_legacy, np.int64(kind))) for qtype, kind in KIND.items()}
+
+# knobs the tuner may try beside tasks (backends/cpu/tuning.py): prefetch bytes, mode 1 = one token a dot
+KNOBS = {"gemv": {"prefetch": (1024, 4096), "mode": (1,)}, "gemm": {}}

@@ -22,12 +22,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
+from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
 from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks
 from edged.backends.cpu.kquant_unpack import KIND_Q4K, KIND_Q6K
 from edged.backends.cpu.lowbit_rows import decode_row, rows_dot
 from edged.backends.cpu.lowbit_unpack import IQ1M_BIAS, KIND_IQ1M, KIND_IQ1S, KIND_MXFP4, KIND_TQ1, KIND_TQ2, TYPES
-from edged.backends.cpu.matmul_kquants import _block_sums, _dup_last, _half_terms, _prepare_tiles
+from edged.backends.cpu.matmul_kquants import _block_sums, _dup_last, _half_terms, _prepare_tiles, gemv_rows_per_task
 from edged.backends.cpu.typed_kernel import bind
 
 QK_K = 256  # elements per superblock (MXFP4: per 8 blocks)
@@ -68,9 +69,11 @@ def _pad_units(xq, xd, xs, units):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_lowbit(w, xq, xd, xs, y, kind):
+def gemv_lowbit(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T for every low-bit type (`kind`, a lowbit_unpack KIND_*), meant for small n:
-    per pair of rows, each superblock is unpacked once for up to GEMV_TOKENS tokens."""
+    per pair of rows, each superblock is unpacked once for up to GEMV_TOKENS tokens. Knobs
+    (matmul.py): tasks, the prange steps (0: GEMV_ROWS rows each); threads; pf and mode unused."""
+    prev = fewer_threads(threads)
     m, rb = w.shape
     nsb, tail = _split_row(kind, rb)
     xq, xd, xs = _pad_units(xq, xd, xs, nsb + (1 if tail else 0))
@@ -87,8 +90,9 @@ def gemv_lowbit(w, xq, xd, xs, y, kind):
         yo = np.empty((n + 1, m), np.float32)  # [n + 1, m]
     nx = x.shape[0]
     nf = xa.shape[1]
-    for task in nb.prange((m + GEMV_ROWS - 1) // GEMV_ROWS):
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+    rpt = GEMV_ROWS if tasks <= 0 else gemv_rows_per_task(m, tasks)  # even: rows paired alike
+    for task in nb.prange((m + rpt - 1) // rpt):
+        for r in range(task * rpt, min(m, (task + 1) * rpt), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             t = 0
             while t < nx:
@@ -98,15 +102,16 @@ def gemv_lowbit(w, xq, xd, xs, y, kind):
                 t += nt
     if nx != n:
         y[:, :] = yo[:n]
+    restore_threads(prev)
 
 
 # ------------------------------------------------------------------------------- gemm
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
+def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
     """y[n0 : n0 + n_live, :] for prepared tw-token tiles (matmul_kquants._gemm_rows with this
-    module's row decoder)."""
+    module's row decoder), in `tasks` prange steps (0: _GEMM_TASKS)."""
     m, rb = w.shape
     nsb, tail = _split_row(kind, rb)
     ntile = xi.shape[0]
@@ -115,7 +120,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
     s16 = kind == KIND_IQ1M
     ns = 2 * nblk if s16 else nblk  # scales (and biases) per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
-    n_tasks = min(n_groups, _GEMM_TASKS)
+    n_tasks = min(n_groups, tasks if tasks > 0 else _GEMM_TASKS)
     for task in nb.prange(n_tasks):
         u = empty_aligned(1, GEMM_ROWS * k, np.uint8)[0]  # [rows, k] decoded unsigned weights
         s = empty_aligned(1, GEMM_ROWS * ns, np.float32)[0]  # [rows, ns]
@@ -144,9 +149,11 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y):
 
 
 @nb.njit(cache=True, nogil=True)
-def gemm_lowbit(w, xq, xd, xs, y, kind):
+def gemm_lowbit(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T tiled over 16 (or 8) tokens for every low-bit type (`kind`): passes of up
-    to _TILE_BYTES of tokens, each tiled once (matmul_kquants._prepare_tiles) then run over all rows."""
+    to _TILE_BYTES of tokens, each tiled once (matmul_kquants._prepare_tiles) then run over all rows
+    (knobs: tasks, the row loop's; threads; pf and mode unused)."""
+    prev = fewer_threads(threads)
     nsb, tail = _split_row(kind, w.shape[1])
     xq, xd, xs = _pad_units(xq, xd, xs, nsb + (1 if tail else 0))
     n, k = xq.shape
@@ -162,7 +169,8 @@ def gemm_lowbit(w, xq, xd, xs, y, kind):
         xdt = empty_aligned(ntile, nblk * tw, np.float32)  # [ntile, k/32 · tw]
         xbt = empty_aligned(ntile, nb_ * nblk * tw, np.float32)  # [ntile, k/32 · (1|2) · tw]
         _prepare_tiles(xq, xd, xs, n0, tw, bias16, IQ1M_BIAS if bias16 else 0, xi, xdt, xbt)
-        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y)
+        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks)
+    restore_threads(prev)
 
 
 KERNELS = {qtype: (bind("gemv", qtype, gemv_lowbit, kind), bind("gemm", qtype, gemm_lowbit, kind)) for qtype, kind in (

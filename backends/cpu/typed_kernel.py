@@ -5,18 +5,27 @@ each cost a full compile (~10 s); binding the type's constant in Python costs on
 """
 
 
+# a kernel's run-time tuning knobs (tasks, prefetch, mode, threads), all 0: its built-in choices (matmul.py)
+DEFAULT_KNOBS = (0, 0, 0, 0)
+
+
 class TypedKernel:
-    """`kernel` bound to one type, with the matmul contract's signature f(w_rows, xq, xd, xs, y):
-    calls kernel(w_rows, xq, xd, xs, y, *extra). `inspect_asm` and `signatures` are the shared
-    dispatcher's, for VNNI checks and benches."""
+    """`kernel` bound to one type, with the matmul contract's signature f(w_rows, xq, xd, xs, y)
+    (or f(w_rows, x, y) for float weights): calls kernel(*arrays, *extra, *knobs), the knobs
+    DEFAULT_KNOBS unless given, so every call has one compiled signature. `inspect_asm`,
+    `signatures` and `py_func` are the shared dispatcher's, for VNNI checks and benches."""
 
     def __init__(self, name: str, kernel, *extra):
         self.__name__ = name
         self.kernel = kernel
         self.extra = extra
 
-    def __call__(self, w, xq, xd, xs, y) -> None:
-        self.kernel(w, xq, xd, xs, y, *self.extra)
+    def __call__(self, *arrays, knobs=DEFAULT_KNOBS) -> None:
+        self.kernel(*arrays, *self.extra, *knobs)
+
+    @property
+    def py_func(self):
+        return self.kernel.py_func
 
     @property
     def signatures(self):

@@ -76,6 +76,16 @@ def store(builder, val, p, boff, align=1):
     builder.store(val, builder.bitcast(builder.gep(p, [boff]), val.type.as_pointer()), align=align)
 
 
+def prefetch_lines(builder, p, boff, nbytes):
+    """Software-prefetch (prefetcht0) the cache lines of bytes boff .. boff + nbytes of i8* p, boff an
+    LLVM i64: a hint that never faults, so it may point past an array's end (the next rows)."""
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0i8")
+    for line in range(0, nbytes, 64):
+        q = builder.gep(p, [builder.add(boff, ir.Constant(I64, line))])
+        builder.call(fn, [q, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def splat(builder, x, vty):
     """Vector of type vty with every lane = scalar x."""
     one = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(I32, 0))
