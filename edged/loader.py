@@ -61,6 +61,7 @@ class LoadedModel:
     load_s: float
     compile_s: float
     placement: Placement | None = None
+    tuning: dict | None = None  # backends/cpu/tuning.py's report (CPU placements)
 
 
 def warm_up(model, sizes=_WARMUP_SIZES, progress: Progress | None = None) -> float:
@@ -73,6 +74,20 @@ def warm_up(model, sizes=_WARMUP_SIZES, progress: Progress | None = None) -> flo
         if progress is not None:
             progress.advance(1, f"{n}-token pass")
     return time.perf_counter() - t0
+
+
+def tune_kernels(model, placement: Placement, *, tune: bool = True, quiet: bool = False) -> dict | None:
+    """Install the CPU kernels' per-machine choices (backends/cpu/tuning.py), timing the weight
+    shapes this CPU has not seen when `tune` (a few seconds, once); CPU placements only."""
+    if placement.backend != "cpu":
+        return None
+    from edged.backends.cpu import tuning
+
+    report = _in_short_lived_thread(tuning.for_model, model, tune=tune)
+    if report["tuned"] and not quiet:
+        print(f"edged: kernels tuned for this CPU in {report['seconds']:.1f} s ({len(report['tuned'])} "
+              f"shape classes, cached in {report['path']})", file=sys.stderr)
+    return report
 
 
 def _in_short_lived_thread(fn, *args, **kwargs):
@@ -126,9 +141,10 @@ def load(model: str | None = None, *, chat_template: str | None = None, warmup: 
     if warmup:
         with Progress("compiling kernels", len(_WARMUP_SIZES)) as p, model_errors(path):
             compile_s = _in_short_lived_thread(warm_up, m, progress=p)
+    tuning = tune_kernels(m, placement, tune=warmup, quiet=quiet)  # after warm-up: kernels compiled
     if not quiet:
         print(f"edged: loaded {path.name} ({gf.architecture}) in {load_s:.2f} s; "
               f"kernels ready in {compile_s:.2f} s", file=sys.stderr)
         if placement.backend != "cpu":
             print(f"edged: {placement.describe()}", file=sys.stderr)
-    return LoadedModel(path, gf, m, tokenizer, chat, load_s, compile_s, placement)
+    return LoadedModel(path, gf, m, tokenizer, chat, load_s, compile_s, placement, tuning)
