@@ -9,6 +9,11 @@ Each tensor is timed twice: "hot", the same weights every call (a small tensor t
 and "as in a forward pass", cycling through copies whose total exceeds twice the last-level cache,
 so every call reads its weights from DRAM as a decode step does (the model's weights are far
 larger than the cache, and each tensor is read once per step).
+
+Before timing, the kernels' per-machine choices (backends/cpu/tuning.py) are made for the model's
+shapes and the benchmark's tensors (read from the cache, or timed when missing or with `retune`);
+the report lists each choice with the alternatives it beat, and the forward-pass figures of the
+default knobs beside the tuned ones.
 """
 
 import time
@@ -129,6 +134,11 @@ class KernelRow:
     bw_frac_n1_dram: float | None = None
     ms_n16_dram: float | None = None
     cols_ratio_dram: float | None = None
+    # the tuned variant at n = 1 / n = 16 and, where it is not the default, the default's fwd ms
+    tuned_n1: str = "default"
+    tuned_n16: str = "default"
+    ms_n1_dram_default: float | None = None
+    ms_n16_dram_default: float | None = None
     note: str = ""
 
 
@@ -185,6 +195,7 @@ def bench_tensor(w, source, bandwidth, repeat=5, clock="wall", dram: bool = True
     row.ms_n16, row.gbs_n16 = t16 * 1e3, nbytes / t16 / 1e9
     row.bw_frac_n1 = row.gbs_n1 / bandwidth
     row.cols_ratio = (N_BATCH / t16) / (1 / t1)
+    row.tuned_n1, row.tuned_n16 = (_tuned_label(w, n) for n in (1, N_BATCH))
     if dram:
         copies = dram_copies(w, cache_bytes)
         turn = [0]
@@ -194,12 +205,87 @@ def bench_tensor(w, source, bandwidth, repeat=5, clock="wall", dram: bool = True
             turn[0] += 1
             mm.matmul(c, x, out=y)
 
-        d1, d16 = _median_times([lambda: call(x1, y1), lambda: call(x16, y16)], repeat, clock)
+        # the default knobs beside the tuned ones, where tuning chose others (interleaved samples)
+        from edged.backends.cpu.typed_kernel import DEFAULT_KNOBS
+
+        def call_default(x, y):
+            c = copies[turn[0] % len(copies)]
+            turn[0] += 1
+            mm.matmul_knobs(c, x, DEFAULT_KNOBS, out=y)
+
+        fns = [lambda: call(x1, y1), lambda: call(x16, y16)]
+        fns += [lambda: call_default(x1, y1)] if row.tuned_n1 != "default" else []
+        fns += [lambda: call_default(x16, y16)] if row.tuned_n16 != "default" else []
+        times = _median_times(fns, repeat, clock)
+        d1, d16 = times[:2]
+        rest = iter(times[2:])
+        row.ms_n1_dram_default = next(rest) * 1e3 if row.tuned_n1 != "default" else None
+        row.ms_n16_dram_default = next(rest) * 1e3 if row.tuned_n16 != "default" else None
         row.ms_n1_dram, row.ms_n16_dram = d1 * 1e3, d16 * 1e3
         row.bw_frac_n1_dram = nbytes / d1 / 1e9 / bandwidth
         row.cols_ratio_dram = N_BATCH * d1 / d16
         del copies
     return row
+
+
+def _tuned_label(w, n: int) -> str:
+    """The installed tuning choice for w at batch n as a variant label ("default" when it is the
+    defaults' kernel and knobs; the kernel named when the tuned crossover changed it)."""
+    import sys
+
+    from edged.backends.cpu.tuning import Variant
+
+    mm = sys.modules["edged.backends.cpu.matmul"]
+    choice = mm.tuned().get((w.qtype, *w.shape))
+    if choice is None:
+        return "default"
+    cls = mm.size_class(w.qtype, n, choice[3])  # the tuned crossover decides gemv or gemm
+    label = Variant(*choice[cls]).label
+    if (cls == 2) != (mm.size_class(w.qtype, n) == 2):
+        label = ("gemm" if cls == 2 else "gemv") + ("" if label == "default" else " " + label)
+    return label
+
+
+def tune(model_path, tensors: dict, retune: bool = False, budget: float | None = None, log=print) -> dict:
+    """backends/cpu/tuning.ensure over the model's matrices and the benchmark's tensors; logs one
+    line per shape and size class: the choice and each alternative's time relative to the default."""
+    from edged.backends.cpu import tuning
+    from edged.quant import load_gguf
+
+    mats = [w for w, _ in tensors.values()]
+    if model_path is not None:
+        mats += [t for t in load_gguf(model_path).tensors.values() if len(t.shape) in (2, 3)]
+    report = tuning.ensure(mats, retune=retune or None, budget=budget)
+    if report["mode"] == "off":
+        log("kernel tuning off (EDGED_TUNE=0): every kernel's defaults")
+        return report
+    log(f"kernel tuning ({tuning.cpu_key()}): {len(report['tuned'])} shape classes timed now in "
+        f"{report['seconds']:.1f} s, the rest from {report['path']}")
+    log(format_tuning(report["shapes"], {tuning.shape_key(*g) for g in tuning.group_tensors(mats)}))
+    return report
+
+
+def format_tuning(shapes: dict, keys) -> str:
+    """One line per shape and size class of `keys`: the choice, the default's ms and every variant's
+    time over the default's (< 1: faster); for the crossover the gemv's largest n and gemm's time
+    over gemv's at each n compared."""
+    lines = [f"{'shape':<22} {'class':<9} {'n':>3} {'chosen':<22} {'default ms':>10}  alternatives (time / default)"]
+    for key in sorted(k for k in keys if k in shapes):
+        for cls, e in shapes[key].items():
+            n = e.get("n", "")
+            if "skipped" in e:
+                lines.append(f"{key:<22} {cls:<9} {n:>3} {'default (skipped: ' + e['skipped'] + ')':<22}")
+            elif "gemv_max_n" in e:
+                ms = e["ms"]
+                ns = sorted({int(lab.split("=")[1]) for lab in ms})
+                alts = " ".join(f"n={m} {ms[f'gemm n={m}'] / ms[f'gemv n={m}']:.2f}" for m in ns)
+                lines.append(f"{key:<22} {cls:<9} {'':>3} {'gemv up to n=' + str(e['gemv_max_n']):<22} {'':>10}  "
+                             f"gemm / gemv: {alts}")
+            else:
+                base = e["ms"].get("default")
+                alts = " ".join(f"{lab} {t / base:.2f}" for lab, t in e["ms"].items() if lab != "default" and base)
+                lines.append(f"{key:<22} {cls:<9} {n:>3} {e['choice']:<22} {_f(base, '10.4f')}  {alts}")
+    return "\n".join(lines)
 
 
 def bench_blas(w, row: KernelRow, repeat=5, clock="wall") -> None:
@@ -216,15 +302,17 @@ def bench_blas(w, row: KernelRow, repeat=5, clock="wall") -> None:
 
 
 def run(model_path=None, repeat: int = 5, bw_bytes: int = DEFAULT_BW_BYTES, blas: bool = True, log=print,
-        clock: str = "wall") -> dict:
-    """The whole benchmark: {"bandwidth_gbs", "threads", "repeat", "clock", "rows": [KernelRow as dict]}."""
+        clock: str = "wall", retune: bool = False, tune_budget: float | None = None) -> dict:
+    """The whole benchmark: {"bandwidth_gbs", "threads", "repeat", "clock", "tuning": the cache's
+    shapes, "rows": [KernelRow as dict]}. retune: time every tuning variant again."""
+    tensors = pick_tensors(model_path)
+    tuning = tune(model_path, tensors, retune, tune_budget, log)
     bandwidth = measure_bandwidth(bw_bytes, repeat, clock)
     log(f"streaming read bandwidth: {bandwidth:.1f} GB/s ({bw_bytes >> 20} MiB buffer); "
         f"{nb.get_num_threads()} threads; {clock} clock; median of {repeat} runs")
     log(HEADER)
     # all our kernels first, then all BLAS runs: OpenBLAS threads keep spinning after a call and
     # would steal the 2 cores from the next Numba kernel (and Numba's omp threads from BLAS)
-    tensors = pick_tensors(model_path)
     rows = [bench_tensor(w, source, bandwidth, repeat, clock) for w, source in tensors.values()]
     if blas:
         for (w, _), r in zip(tensors.values(), rows):
@@ -233,8 +321,28 @@ def run(model_path=None, repeat: int = 5, bw_bytes: int = DEFAULT_BW_BYTES, blas
     for r in rows:
         log(format_row(r))
     log(FOOTNOTE)
+    log(format_tuned_rows(rows))
     return {"bandwidth_gbs": bandwidth, "threads": nb.get_num_threads(), "repeat": repeat, "clock": clock,
-            "rows": [asdict(r) for r in rows]}
+            "tuning": tuning["shapes"], "rows": [asdict(r) for r in rows]}
+
+
+def format_tuned_rows(rows) -> str:
+    """Tuned vs default knobs per type, as in a forward pass (fwd ms; '=' where tuning kept the default)."""
+    lines = [f"{'type':<7} {'shape':>13} | {'n=1 tuned':<22} {'default':>8} {'tuned':>8} {'x':>5} | "
+             f"{'n=16 tuned':<22} {'default':>8} {'tuned':>8} {'x':>5}"]
+    for r in rows:
+        if r.note or r.ms_n1_dram is None:
+            continue
+        cells = []
+        for lab, d, t in ((r.tuned_n1, r.ms_n1_dram_default, r.ms_n1_dram),
+                          (r.tuned_n16, r.ms_n16_dram_default, r.ms_n16_dram)):
+            if d is None:
+                cells.append(f"{lab:<22} {'=':>8} {t:8.3f} {'':>5}")
+            else:
+                cells.append(f"{lab:<22} {d:8.3f} {t:8.3f} {d / t:5.2f}")
+        lines.append(f"{r.qtype:<7} {'x'.join(map(str, r.shape)):>13} | " + " | ".join(cells))
+    lines.append("x: default time over tuned (> 1: the tuned variant is faster), fwd ms as above")
+    return "\n".join(lines)
 
 
 HEADER = (
@@ -273,6 +381,7 @@ def format_table(result: dict) -> str:
         f"{result.get('clock', 'wall')} clock; median of {result['repeat']} runs",
         HEADER,
     ]
-    lines += [format_row(KernelRow(**{**r, "shape": tuple(r["shape"])})) for r in result["rows"]]
-    lines.append(FOOTNOTE)
+    rows = [KernelRow(**{**r, "shape": tuple(r["shape"])}) for r in result["rows"]]
+    lines += [format_row(r) for r in rows]
+    lines += [FOOTNOTE, format_tuned_rows(rows)]
     return "\n".join(lines)

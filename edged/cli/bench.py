@@ -15,19 +15,25 @@ from edged.cli.bench_serve import BenchCommand
 from edged.cli.options import backend_options, kv_type_option, model_argument
 
 
-def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str) -> dict:
+def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str, retune: bool = False,
+                     tune_budget: float | None = None) -> dict:
     from edged.bench import kernels as bench_kernels
     from edged.model_path import resolve_model_path
 
     path = resolve_model_path(model)
     # the table streams row by row (to stderr under --json, whose stdout is the JSON alone)
     return bench_kernels.run(path, repeat=repeat, bw_bytes=bw_mib << 20, log=lambda s: click.echo(s, err=as_json),
-                             clock=clock)
+                             clock=clock, retune=retune, tune_budget=tune_budget)
 
 
 @click.command("bench", cls=BenchCommand)  # `edged bench serve ...`: the HTTP load generator
 @model_argument
-@click.option("--kernels", is_flag=True, help="Matmul kernels of every type at n=1 and n=16 vs bandwidth and BLAS.")
+@click.option("--kernels", is_flag=True, help="Matmul kernels of every type at n=1 and n=16 vs bandwidth and BLAS, "
+              "and the kernel variants chosen for this CPU.")
+@click.option("--retune", is_flag=True, help="With --kernels: time every kernel variant again (as EDGED_TUNE=force "
+              "does at load) and rewrite the tuning cache.")
+@click.option("--tune-budget", type=click.FloatRange(0), default=None,
+              help="Seconds the kernel tuning may spend [default: EDGED_TUNE_BUDGET_S or 3].")
 @click.option("--repeat", type=click.IntRange(1), default=5, show_default=True, help="Runs per figure (median).")
 @click.option("--bandwidth-mib", type=click.IntRange(64), default=1024, show_default=True,
               help="Size of the streaming-read buffer that measures memory bandwidth.")
@@ -55,19 +61,22 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @backend_options
 @kv_type_option
-def command(model, kernels, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
+def command(model, kernels, retune, tune_budget, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
             prefix_cache, breakdown, structured, embeddings, as_json, backend, gpu_layers, kv_type):
     """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
     --repeat runs) through the engine."""
+    if (retune or tune_budget is not None) and not kernels:
+        raise click.UsageError("--retune and --tune-budget go with --kernels (at load: EDGED_TUNE=force, "
+                               "EDGED_TUNE_BUDGET_S)")
     if model is None:  # the figures in docs/BENCHMARKS.md are Gemma's, whatever the store holds
         from edged.model_path import resolve_reference_model
 
         model = str(resolve_reference_model())
     report = {}
     if kernels:
-        report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock)
+        report["kernels"] = _kernels_section(model, repeat, bandwidth_mib, as_json, clock, retune, tune_budget)
     if structured:
         report["structured"] = _structured_section(model, concurrency, gen_tokens, repeat, as_json,
                                                    backend, gpu_layers, kv_type)
