@@ -35,7 +35,7 @@ def per_call_us(fn, calls: int) -> float:
     return best / calls * 1e6
 
 
-def before_tuning(w, x, qx, out):
+def before_tuning(w, x, qx, out, kern):
     """matmul as it was before the tuned dispatch: same checks, then the TypedKernel call."""
     plan = mm._DISPATCH.get(w.qtype)
     gemv, gemm, _, q8, max_n = plan
@@ -50,7 +50,7 @@ def before_tuning(w, x, qx, out):
     if out.shape != (n, m) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError
     rows = w.rows()
-    kern = mm.kernels_for(T.Q4_K)[0] if n <= max_n else None
+    kern = kern if n <= max_n else gemm
     xq, xd, xs = qx
     if xq.shape != (n, k) or xd.shape != (n, k // 32) or xs.shape != (n, k // 32):
         raise ValueError
@@ -86,7 +86,7 @@ def main():
     mm.set_tuned({(T.Q4_K, 16, 256): ((2, 0, 0, 1), (0, 0, 0, 0), (0, 0, 0, 0))})
     figures["matmul, a choice with threads=1"] = per_call_us(lambda: mm.matmul(w, x, qx=qx, out=out), calls)
     mm.set_tuned({})
-    figures["before tuning: checks + TypedKernel"] = per_call_us(lambda: before_tuning(w, x, qx, out), calls)
+    figures["before tuning: checks + TypedKernel"] = per_call_us(lambda: before_tuning(w, x, qx, out, gv), calls)
     figures["kernel dispatcher alone"] = per_call_us(lambda: gv.kernel(rows, *qx, out, *gv.extra, 0, 0, 0, 0), calls)
     a = np.zeros(4)
     figures["@njit, 5 arrays + kind"] = per_call_us(lambda: _kind(a, a, a, a, a, 1), calls)
