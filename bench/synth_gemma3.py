@@ -8,10 +8,9 @@ Usage: python bench/synth_gemma3.py OUT.gguf [--layers 18]
 import argparse
 
 import gguf
-import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.quant.synth import random_qtensor
+from synth_writer import SynthTensors
 
 N_EMBD, N_FF, N_HEAD, N_KV, HEAD_DIM, VOCAB = 640, 2048, 4, 1, 256, 262144
 
@@ -42,28 +41,17 @@ def write(path: str, n_layers: int = 18, seed: int = 0) -> str:
     wr.add_layer_norm_rms_eps(1e-6)
     wr.add_rope_freq_base(1e6)
     wr.add_sliding_window(512)
-    rng = np.random.default_rng(seed)
-
-    def quant(name, qtype, rows, cols):
-        qt = random_qtensor(qtype, rows, cols, seed=int(rng.integers(1 << 30)), name=name)
-        wr.add_tensor(name, qt.data.reshape(rows, -1), raw_dtype=qtype)
-
-    def norm(name, n):
-        wr.add_tensor(name, rng.uniform(0.7, 1.3, n).astype(np.float32))
-
-    quant("token_embd.weight", T.Q8_0, VOCAB, N_EMBD)
-    norm("output_norm.weight", N_EMBD)
+    st = SynthTensors(wr, seed)
+    st.quant("token_embd.weight", T.Q8_0, (VOCAB, N_EMBD))
+    st.norm("output_norm.weight", N_EMBD)
     for i in range(n_layers):
         p = f"blk.{i}"
         for t, (qtype, rows, cols) in _layer_types(i).items():
-            quant(f"{p}.{t}.weight", qtype, rows, cols)
+            st.quant(f"{p}.{t}.weight", qtype, (rows, cols))
         for t, n in (("attn_norm", N_EMBD), ("post_attention_norm", N_EMBD), ("ffn_norm", N_EMBD),
                      ("post_ffw_norm", N_EMBD), ("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM)):
-            norm(f"{p}.{t}.weight", n)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+            st.norm(f"{p}.{t}.weight", n)
+    st.finish()
     return path
 
 

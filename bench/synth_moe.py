@@ -9,10 +9,9 @@ Usage: python bench/synth_moe.py OUT.gguf [--layers 24] [--experts 32] [--top-k 
 import argparse
 
 import gguf
-import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.quant.synth import random_qtensor
+from synth_writer import SynthTensors
 
 N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF_EXP = 1024, 16, 4, 64, 1024
 
@@ -53,38 +52,25 @@ def write(path: str, tokenizer_from: str, n_layers: int = 24, n_expert: int = 32
     wr.add_value_length(HEAD_DIM)
     wr.add_layer_norm_rms_eps(1e-6)
     wr.add_rope_freq_base(1e6)
-    rng = np.random.default_rng(seed)
-
-    def quant(name, qtype, shape):
-        rows, cols = int(np.prod(shape[:-1])), shape[-1]
-        qt = random_qtensor(qtype, rows, cols, seed=int(rng.integers(1 << 30)), name=name)
-        wr.add_tensor(name, qt.data.reshape(*shape[:-1], -1), raw_dtype=qtype)
-
-    def norm(name, n):
-        wr.add_tensor(name, rng.uniform(0.7, 1.3, n).astype(np.float32))
-
-    quant("token_embd.weight", T.Q8_0, (vocab, N_EMBD))
-    quant("output.weight", T.Q6_K, (vocab, N_EMBD))
-    norm("output_norm.weight", N_EMBD)
+    st = SynthTensors(wr, seed)
+    st.quant("token_embd.weight", T.Q8_0, (vocab, N_EMBD))
+    st.quant("output.weight", T.Q6_K, (vocab, N_EMBD))
+    st.norm("output_norm.weight", N_EMBD)
     for i in range(n_layers):
         p = f"blk.{i}"
-        norm(f"{p}.attn_norm.weight", N_EMBD)
-        quant(f"{p}.attn_q.weight", T.Q4_K, (N_HEAD * HEAD_DIM, N_EMBD))
-        quant(f"{p}.attn_k.weight", T.Q4_K, (N_KV * HEAD_DIM, N_EMBD))
-        quant(f"{p}.attn_v.weight", T.Q6_K, (N_KV * HEAD_DIM, N_EMBD))
-        quant(f"{p}.attn_output.weight", T.Q4_K, (N_EMBD, N_HEAD * HEAD_DIM))
-        norm(f"{p}.attn_q_norm.weight", HEAD_DIM)
-        norm(f"{p}.attn_k_norm.weight", HEAD_DIM)
-        norm(f"{p}.ffn_norm.weight", N_EMBD)
-        wr.add_tensor(f"{p}.ffn_gate_inp.weight",
-                      (rng.standard_normal((n_expert, N_EMBD)) * 0.05).astype(np.float32))
-        quant(f"{p}.ffn_gate_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
-        quant(f"{p}.ffn_up_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
-        quant(f"{p}.ffn_down_exps.weight", T.Q4_K, (n_expert, N_EMBD, N_FF_EXP))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+        st.norm(f"{p}.attn_norm.weight", N_EMBD)
+        st.quant(f"{p}.attn_q.weight", T.Q4_K, (N_HEAD * HEAD_DIM, N_EMBD))
+        st.quant(f"{p}.attn_k.weight", T.Q4_K, (N_KV * HEAD_DIM, N_EMBD))
+        st.quant(f"{p}.attn_v.weight", T.Q6_K, (N_KV * HEAD_DIM, N_EMBD))
+        st.quant(f"{p}.attn_output.weight", T.Q4_K, (N_EMBD, N_HEAD * HEAD_DIM))
+        st.norm(f"{p}.attn_q_norm.weight", HEAD_DIM)
+        st.norm(f"{p}.attn_k_norm.weight", HEAD_DIM)
+        st.norm(f"{p}.ffn_norm.weight", N_EMBD)
+        st.normal(f"{p}.ffn_gate_inp.weight", (n_expert, N_EMBD), 0.05)
+        st.quant(f"{p}.ffn_gate_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
+        st.quant(f"{p}.ffn_up_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
+        st.quant(f"{p}.ffn_down_exps.weight", T.Q4_K, (n_expert, N_EMBD, N_FF_EXP))
+    st.finish()
     return path
 
 
