@@ -84,9 +84,11 @@ def tune_kernels(model, placement: Placement, *, tune: bool = True, quiet: bool 
     from edged.backends.cpu import tuning
 
     report = _in_short_lived_thread(tuning.for_model, model, tune=tune)
-    if report["tuned"] and not quiet:
+    if not quiet and report["tuned"]:
         print(f"edged: kernels tuned for this CPU in {report['seconds']:.1f} s ({len(report['tuned'])} "
               f"shape classes, cached in {report['path']})", file=sys.stderr)
+    elif not quiet and report.get("deferred"):
+        print(f"edged: kernel tuning deferred: {report['deferred']}", file=sys.stderr)
     return report
 
 

@@ -37,6 +37,7 @@ from edged.quant.tensor import QTensor
 FORMAT = 1
 DEFAULT_BUDGET_S = 3.0
 MARGIN = 0.03  # a variant must beat the default by 3% to replace it: ties and noise keep the default
+NOISY = 2.0  # samples of one variant further apart than this ratio: another process interfered
 MIN_ROUNDS, MAX_ROUNDS = 3, 15
 MAX_TENSORS = 32  # tensors of one shape cycled per sample: weights come from memory as in a forward pass
 MIN_SAMPLE_S = 2e-4  # a sample repeats its pass over the tensors until it lasts this long
@@ -92,6 +93,18 @@ def budget_s() -> float:
     except ValueError:
         raise ValueError(f"EDGED_TUNE_BUDGET_S must be a number of seconds, got "
                          f"{os.environ['EDGED_TUNE_BUDGET_S']!r}") from None
+
+
+def busy() -> str | None:
+    """Why timing now would mislead, or None: more runnable processes than CPUs over the last
+    minute (a parallel kernel then waits for time slices: 8-16 ms stalls per call were seen, which
+    would make one thread look best and stay cached after the load is gone)."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"the machine is busy (load {load:.1f} on {ncpu} CPUs)" if load > ncpu else None
 
 
 def _threads() -> int:
@@ -321,9 +334,9 @@ def _sampler(tensors: list, n: int, kernel: str | None = None, seed: int = 0):
     return sample, first
 
 
-def time_variants(sample, vs: list, budget: float) -> dict:
-    """{variant: median seconds}: rounds of one sample each, in a rotating order (the machine's
-    state drifts), at least MIN_ROUNDS, more while the budget lasts (at most MAX_ROUNDS)."""
+def sample_rounds(sample, vs: list, budget: float) -> dict:
+    """{variant: [seconds]}: rounds of one sample each, in a rotating order (the machine's state
+    drifts), at least MIN_ROUNDS, more while the budget lasts (at most MAX_ROUNDS)."""
     times = {v: [] for v in vs}
     t0 = time.perf_counter()
     for r in range(MAX_ROUNDS):
@@ -332,7 +345,16 @@ def time_variants(sample, vs: list, budget: float) -> dict:
         for i in range(len(vs)):
             v = vs[(i + r) % len(vs)]
             times[v].append(sample(v))
-    return {v: float(np.median(t)) for v, t in times.items()}
+    return times
+
+
+def time_variants(sample, vs: list, budget: float) -> dict:
+    """{variant: median seconds} of sample_rounds."""
+    return {v: float(np.median(t)) for v, t in sample_rounds(sample, vs, budget).items()}
+
+
+def _noisy(samples) -> bool:
+    return max(samples) > NOISY * min(samples)
 
 
 def _pick(med: dict) -> Variant:
@@ -351,8 +373,10 @@ def _combined(med: dict) -> Variant | None:
 
 
 def tune_class(sample, vs: list, budget: float) -> dict:
-    """The cache entry of one size class of one shape: the choice and every variant's median ms."""
-    med = time_variants(sample, vs, budget * 0.8)
+    """The cache entry of one size class of one shape: the choice and every variant's median ms.
+    The default stays when its samples or the winner's spread past NOISY ("noisy": true)."""
+    rounds = sample_rounds(sample, vs, budget * 0.8)
+    med = {v: float(np.median(t)) for v, t in rounds.items()}
     choice = _pick(med)
     combo = _combined(med)
     if combo is not None and combo not in med:
@@ -360,8 +384,10 @@ def tune_class(sample, vs: list, budget: float) -> dict:
                               budget * 0.2)
         med[combo] = extra[combo] * med[DEFAULT] / extra[DEFAULT]  # on the first rounds' scale
         choice = _pick(med)
-    return {"choice": choice.label, "knobs": list(choice.knobs),
-            "ms": {v.label: round(t * 1e3, 4) for v, t in med.items()}}
+    noisy = _noisy(rounds[DEFAULT]) or (choice in rounds and _noisy(rounds[choice]))
+    entry = {"choice": DEFAULT.label if noisy else choice.label, "knobs": list((DEFAULT if noisy else choice).knobs),
+             "ms": {v.label: round(t * 1e3, 4) for v, t in med.items()}}
+    return {**entry, "noisy": True} if noisy else entry
 
 
 # ------------------------------------------------------------------------------- entry points
@@ -405,8 +431,10 @@ def ensure(tensors, *, retune: bool | None = None, tune: bool = True, budget: fl
     """Install the tuned choices for `tensors` (QTensors: a model's matrices): read the cache, time
     what it lacks (everything with `retune`, or EDGED_TUNE=force) within `budget` seconds, write it
     back; tune=False only installs what the cache holds. Returns {"mode", "path", "tuned": ["shape
-    class" timed now], "shapes": the cache, "seconds"}. EDGED_TUNE=0 (and the test suite, unless
-    asked) installs the defaults and reads nothing; retune=True times anyway.
+    class" timed now], "shapes": the cache, "seconds", and "deferred" (why nothing was timed) or
+    "busy" (timed anyway)}. EDGED_TUNE=0 (and the test suite, unless asked) installs the defaults
+    and reads nothing; retune=True times anyway. While the machine is busy (busy()) nothing is
+    timed unless retune or EDGED_TUNE=force: a later load tunes.
 
     Budget: what three rounds of fits is timed, n = 1 classes of every shape first (decode matters
     most), then gemv, gemm and the crossover, the largest first within each; the rest is recorded
@@ -426,6 +454,12 @@ def ensure(tensors, *, retune: bool | None = None, tune: bool = True, budget: fl
            "seconds": 0.0}
     groups = group_tensors(tensors) if tune else {}
     todo = sorted((c, g) for g in groups for c in _parts(g[0]) if _part_name(c) not in shapes.get(shape_key(*g), {}))
+    why = busy() if todo else None
+    if why and not retune and setting_now != "force":  # time them at a quieter load
+        out["deferred"] = f"{why}: {len(todo)} shape classes keep the defaults for now"
+        todo = []
+    elif why:
+        out["busy"] = why
     if todo:
         t0 = time.perf_counter()
         _tune_all(todo, groups, shapes, budget_s() if budget is None else budget, log)
@@ -487,9 +521,11 @@ def tune_crossover(samplers: dict, default_max_n: int, budget: float) -> dict:
     Each n keeps its default kernel (gemv up to default_max_n) unless the other is MARGIN faster;
     gemv_max_n is the last n of the run of gemv batches from the smallest (1: gemm from n = 2)."""
     runs = [(n, kern, smp[0]) for n, pair in sorted(samplers.items()) for kern, smp in zip(("gemv", "gemm"), pair)]
-    med = time_variants(lambda r: r[2](DEFAULT), runs, budget)
-    ms = {f"{kern} n={n}": round(t * 1e3, 4) for (n, kern, _), t in med.items()}
-    times = {(n, kern): t for (n, kern, _), t in med.items()}
+    rounds = sample_rounds(lambda r: r[2](DEFAULT), runs, budget)
+    ms = {f"{kern} n={n}": round(float(np.median(t)) * 1e3, 4) for (n, kern, _), t in rounds.items()}
+    if any(_noisy(t) for t in rounds.values()):
+        return {"gemv_max_n": default_max_n, "ms": ms, "noisy": True}
+    times = {(n, kern): float(np.median(t)) for (n, kern, _), t in rounds.items()}
     max_n = 1
     for n in sorted(samplers):
         gv, gm = times[(n, "gemv")], times[(n, "gemm")]

@@ -252,15 +252,21 @@ def tune(model_path, tensors: dict, retune: bool = False, budget: float | None =
     from edged.backends.cpu import tuning
     from edged.quant import load_gguf
 
-    mats = [w for w, _ in tensors.values()]
-    if model_path is not None:
-        mats += [t for t in load_gguf(model_path).tensors.values() if len(t.shape) in (2, 3)]
-    report = tuning.ensure(mats, retune=retune or None, budget=budget)
+    model = [t for t in load_gguf(model_path).tensors.values() if len(t.shape) in (2, 3)] if model_path else []
+    mats = model + [w for w, _ in tensors.values()]
+    # the model's own shapes first, each call with the whole budget: synthetic tensors only show a type
+    reports = [tuning.ensure(part, retune=retune or None, budget=budget) for part in (model, mats) if part]
+    report = reports[-1]
     if report["mode"] == "off":
         log("kernel tuning off (EDGED_TUNE=0): every kernel's defaults")
         return report
-    log(f"kernel tuning ({tuning.cpu_key()}): {len(report['tuned'])} shape classes timed now in "
-        f"{report['seconds']:.1f} s, the rest from {report['path']}")
+    timed = sum(len(r["tuned"]) for r in reports)
+    log(f"kernel tuning ({tuning.cpu_key()}): {timed} shape classes timed now in "
+        f"{sum(r['seconds'] for r in reports):.1f} s, the rest from {report['path']}")
+    for r in reports:
+        for note in (r.get("deferred"), r.get("busy") and f"timed although {r['busy']}: other processes' time is in"):
+            if note:
+                log(f"kernel tuning: {note}")
     log(format_tuning(report["shapes"], {tuning.shape_key(*g) for g in tuning.group_tensors(mats)}))
     return report
 

@@ -71,6 +71,7 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGED_TUNE", "1")  # the suite skips tuning unless a test asks
     monkeypatch.setattr(tuning, "MIN_ROUNDS", 1)
     monkeypatch.setattr(tuning, "MAX_ROUNDS", 1)
+    monkeypatch.setattr(tuning, "busy", lambda: None)  # the test machine may be busy
     yield tmp_path
     set_tuned({})
 
@@ -178,6 +179,26 @@ def test_tune_off_gives_the_defaults(cache_dir, monkeypatch):
     assert out["mode"] == "off" and tuned() == {} and not tuning.cache_path().exists()
     monkeypatch.delenv("EDGED_TUNE")
     assert tuning.setting() == "off"  # inside the test suite
+
+
+def test_busy_machine_defers_unless_forced(cache_dir, monkeypatch):
+    monkeypatch.setattr(tuning, "busy", lambda: "the machine is busy (load 9.0 on 2 CPUs)")
+    out = tuning.ensure(_tensors()[:1])
+    assert "busy" in out["deferred"] and out["tuned"] == [] and not tuning.cache_path().exists()
+    forced = tuning.ensure(_tensors()[:1], retune=True, budget=5.0)
+    assert forced["tuned"] and "busy" in forced["busy"] and tuning.cache_path().exists()
+
+
+def test_noisy_samples_keep_the_default(monkeypatch):
+    """A variant that looks faster while the default's own samples spread by > NOISY is not taken."""
+    monkeypatch.setattr(tuning, "MIN_ROUNDS", 3)
+    monkeypatch.setattr(tuning, "MAX_ROUNDS", 3)
+    fast, default_times = tuning.Variant(tasks=2), iter([1.0, 5.0, 1.2])
+    entry = tuning.tune_class(lambda v: next(default_times) if v == tuning.DEFAULT else 0.5,
+                              [tuning.DEFAULT, fast], budget=0.0)
+    assert entry["noisy"] and entry["choice"] == "default" and entry["ms"]["tasks=2"] == 500.0
+    steady = tuning.tune_class(lambda v: 1.0 if v == tuning.DEFAULT else 0.5, [tuning.DEFAULT, fast], budget=0.0)
+    assert steady["choice"] == "tasks=2" and "noisy" not in steady
 
 
 def test_budget_skips_what_does_not_fit(cache_dir):
