@@ -10,7 +10,6 @@ with AMX a cmake build with AMX off, docs/BENCHMARKS.md).
 import argparse
 import hashlib
 import json
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,14 +19,9 @@ from pathlib import Path
 from tests.fidelity.cases import CASES, STEPS, by_name, prompt_ids
 from tests.helpers.model import FIXTURES
 from tests.helpers.tiny_models import default_spec, write_tiny_model
+from tests.server.server_proc import free_port
 
 OUT = FIXTURES / "llamacpp_tiny.json"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -40,7 +34,7 @@ def record_case(binary: Path, case, workdir: Path) -> dict:
     path = write_tiny_model(workdir / f"{case.name}.gguf", case.arch, seed=case.seed, **case.overrides)
     vocab = default_spec(case.arch, **case.overrides).vocab
     prompt = prompt_ids(case, vocab)
-    port = _port()
+    port = free_port()
     log = (workdir / f"{case.name}.log").open("w")
     proc = subprocess.Popen([str(binary), "-m", str(path), "--port", str(port), "-c", "256", "-np", "1",
                              "-t", "2", "--no-warmup"], stdout=log, stderr=subprocess.STDOUT)
