@@ -47,16 +47,25 @@ def f2h(typingctx, x):
     return types.uint16(types.float32), codegen
 
 
+def _resident(shape, dtype) -> np.ndarray:
+    """A zeroed array whose pages are all touched now: np.zeros' calloc maps them lazily, so a pool
+    whose LRU free queue cycles through every block grew RSS for as long as a server ran (the soak's
+    RSS line); llama.cpp clears its KV buffer at start for the same reason."""
+    a = np.empty(shape, dtype)
+    a.fill(0)
+    return a
+
+
 def allocate(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str) -> LayerKV:
-    """One layer's zeroed cache of kv_type: k, v [nb, bs, kvh, hd] (+ q8_0 scales [.., hd / 32])."""
+    """One layer's zeroed, resident cache of kv_type: k, v [nb, bs, kvh, hd] (+ q8_0 scales [.., hd / 32])."""
     shape = kv_shape(num_blocks, block_size, n_kv_heads, head_dim)
     check_kv_type(kv_type, shape[3])
     if kv_type == "q8_0":
         sshape = (*shape[:3], shape[3] // QB)
-        return LayerKV(k=np.zeros(shape, np.int8), v=np.zeros(shape, np.int8),
-                       k_scale=np.zeros(sshape, np.float16), v_scale=np.zeros(sshape, np.float16))
+        return LayerKV(k=_resident(shape, np.int8), v=_resident(shape, np.int8),
+                       k_scale=_resident(sshape, np.float16), v_scale=_resident(sshape, np.float16))
     dtype = np.float32 if kv_type == "f32" else np.float16
-    return LayerKV(k=np.zeros(shape, dtype), v=np.zeros(shape, dtype))
+    return LayerKV(k=_resident(shape, dtype), v=_resident(shape, dtype))
 
 
 def kernel_arrays(kv: LayerKV) -> tuple:

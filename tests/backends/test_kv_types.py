@@ -105,3 +105,19 @@ def test_bytes_and_bad_types():
         allocate_kv(3, 4, 2, 64, "q4_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         check_kv_type("q8_0", 48)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+def test_pool_is_resident_when_allocated(kv_type):
+    # a lazily mapped pool grows RSS as the LRU free queue reaches new blocks: every page is touched up front
+    before = _rss_kib()
+    kv = allocate_kv(4096, 16, 8, 128, kv_type)  # 64 Mi elements a plane: past glibc's mmap threshold
+    grown = (_rss_kib() - before) * 1024
+    planes = [kv.k, kv.v] + ([kv.k_scale, kv.v_scale] if kv.k_scale is not None else [])
+    assert grown >= 0.9 * sum(p.nbytes for p in planes)
+    assert all(not p.any() for p in planes)
