@@ -15,9 +15,9 @@ scaled (weights_scale). Ties go to the lower expert id. Each chosen expert e run
 and out = sum over the token's ranks r of weights[r] * y_{e_r}, plus the shared expert's output
 (times sigmoid(h . shared_gate) where the file has that gate).
 
-Execution: the routing runs on the host in numpy, once per layer; the tokens are grouped by expert
-with one stable argsort, so each chosen expert's matrices are read once per step for all its
-tokens (a matmul of the gathered rows against the expert's 2-D slab of the stacked GGUF tensor;
+Execution: the routing runs on the host in one compiled call per layer (backends/cpu/moe_route.py),
+which also groups the tokens by expert (a stable counting sort), so each chosen expert's matrices
+are read once per step for all its tokens (a matmul of the gathered rows against the expert's 2-D slab of the stacked GGUF tensor;
 on a backend with ops.moe_matmul, every expert's gate and up in one call and then every down in
 another, with the same rows); ops.moe_combine then sums each token's rows in its own rank order.
 Every matmul is batch invariant per row, so a token's result is bit-identical alone or in any batch.
@@ -29,15 +29,15 @@ from typing import ClassVar
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from edged.backends.cpu.moe_route import GATING_CODES, route_groups
 from edged.models.errors import ModelError
 from edged.models.ffn import GATED_ACTIVATIONS, gated_ffn
 from edged.models.tensors import VECTOR_LIMIT, as_f32_vector
 from edged.quant.tensor import QTensor
 
-GATINGS = ("softmax", "softmax_topk", "sigmoid")
+GATINGS = tuple(GATING_CODES)
 # ops a backend needs beyond a dense layer's to run a MoE layer (placement checks for them)
 REQUIRED_OPS = ("moe_combine",)
-_NORM_MIN = np.float32(6.103515625e-5)  # llama.cpp clamps the chosen weights' sum here (float16's smallest normal)
 
 
 @dataclass
@@ -90,38 +90,26 @@ def missing_ops(ops) -> list[str]:
     return [name for name in REQUIRED_OPS if not hasattr(ops, name)]
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    """Row softmax in float32 (as ggml_soft_max): x [n, c] -> [n, c]."""
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):  # exp(-x) = inf for x < -88: the sigmoid is 0, as it should be
         return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
 
 
+def _routed(mw: MoEWeights, logits: np.ndarray):
+    """route_groups (backends/cpu/moe_route.py) for this layer's gating."""
+    return route_groups(logits, mw.n_expert_used, mw.gating, mw.norm_topk, mw.weights_scale,
+                        mw.gate_inp_b, mw.exp_probs_b)
+
+
 def route(mw: MoEWeights, logits: np.ndarray):
     """(chosen int64 [n, k], weights float32 [n, k]) from router logits float32 [n, n_expert]:
     each token's experts in rank order (ties to the lower id) and their combine weights."""
-    if mw.gate_inp_b is not None:
-        logits = logits + mw.gate_inp_b
-    if mw.gating == "softmax":
-        probs = _softmax(logits)
-    elif mw.gating == "sigmoid":
-        probs = _sigmoid(logits)
-    else:  # softmax_topk: select on the logits, softmax over the chosen afterwards
-        probs = logits
-    score = probs if mw.exp_probs_b is None else probs + mw.exp_probs_b
-    chosen = np.argsort(-score, axis=1, kind="stable")[:, : mw.n_expert_used]  # stable: lower id first
-    w = np.take_along_axis(probs, chosen, axis=1)  # [n, k]
-    if mw.gating == "softmax_topk":
-        w = _softmax(w)
-    if mw.norm_topk:
-        w = w / np.maximum(w.sum(axis=1, keepdims=True), _NORM_MIN)
-    if mw.weights_scale != 1.0:
-        w = w * np.float32(mw.weights_scale)
-    return chosen, np.ascontiguousarray(w, dtype=np.float32)
+    chosen, weights = _routed(mw, logits)[:2]
+    return chosen, weights
+
+
+def _has_biases(mw: MoEWeights) -> bool:
+    return mw.gate_exps_b is not None or mw.up_exps_b is not None or mw.down_exps_b is not None
 
 
 def _per_expert(w):
@@ -150,10 +138,10 @@ def _expert_ffn(ops, mw: MoEWeights, gates, ups, downs, e: int, x, act):
     return y
 
 
-def _experts_ffn(ops, mw: MoEWeights, h, tokens, by_expert, cuts, act):
+def _experts_ffn(ops, mw: MoEWeights, h, tokens, experts, cuts, act):
     """Every pair's expert FFN through ops.moe_matmul (gate and up in one call, then down) ->
     [P, n_embd] in the grouped pair order; the same rows _expert_ffn gives group by group."""
-    experts = by_expert[cuts[:-1]]  # [g] each group's expert
+    by_expert = np.repeat(experts, np.diff(cuts)) if _has_biases(mw) else None  # [P] each pair's expert
     if mw.gate_exps is None:  # fused gate|up rows
         gu, = ops.moe_matmul((mw.up_exps,), h, tokens, experts, cuts)  # [P, 2*n_ff_exp]
         if mw.up_exps_b is not None:
@@ -181,25 +169,17 @@ def moe_ffn(ops, mw: MoEWeights, h, act: str):
         return h
     act_fn = GATED_ACTIVATIONS[act]
     logits = ops.to_host(ops.matmul(mw.gate_inp, h))  # float32 [n, n_expert]
-    chosen, weights = route(mw, logits)  # [n, k] each
-    k = chosen.shape[1]
-    flat = chosen.ravel()  # (token, rank) pair p = t*k + r -> its expert
-    order = np.argsort(flat, kind="stable")  # pairs grouped by expert, tokens ascending within each
-    by_expert = flat[order]
-    cuts = [0, *(np.flatnonzero(by_expert[1:] != by_expert[:-1]) + 1).tolist(), n * k]
-    tokens = (order // k).astype(np.int32)  # the token of each grouped pair
-    src = np.empty(n * k, dtype=np.int32)
-    src[order] = np.arange(n * k, dtype=np.int32)  # pair p's output row among the groups' rows
+    _, weights, tokens, experts, cuts, src = _routed(mw, logits)  # pairs grouped by expert
+    k = weights.shape[1]
     if hasattr(ops, "moe_matmul") and isinstance(mw.up_exps, QTensor):  # every expert in one call (CPU)
-        ys = [_experts_ffn(ops, mw, h, tokens, by_expert, cuts, act_fn)]
+        ys = [_experts_ffn(ops, mw, h, tokens, experts, cuts, act_fn)]
     else:
         gates = None if mw.gate_exps is None else _per_expert(mw.gate_exps)
         ups, downs = _per_expert(mw.up_exps), _per_expert(mw.down_exps)
         ys = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
+        for e, a, b in zip(experts.tolist(), cuts[:-1].tolist(), cuts[1:].tolist()):
             x = h if b - a == n else ops.take_rows(h, tokens[a:b])  # all n tokens: h itself, in order
-            ys.append(_expert_ffn(ops, mw, gates, ups, downs, int(by_expert[a]), x, act_fn))
-    src = src.reshape(n, k)
+            ys.append(_expert_ffn(ops, mw, gates, ups, downs, e, x, act_fn))
     if mw.shared is not None:  # one more term per token, after the routed ones (as llama.cpp adds it)
         ys.append(gated_ffn(ops, mw.shared, h, act))
         if mw.shared_gate is not None:
