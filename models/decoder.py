@@ -223,6 +223,12 @@ class DecoderModel:
         n = sum(1 for lw in self.layers if sliding is None or (lw.window > 0) == sliding)
         return n * 2 * self.n_kv_heads * kv_row_bytes(kv_type or self.kv_type, self.head_dim)
 
+    def kv_host_bytes(self, num_blocks: int, block_size: int = 16, window_num_blocks: int | None = None) -> int:
+        """Bytes allocate_kv with these arguments takes in host RAM (the layers the host backend runs)."""
+        row = 2 * self.n_kv_heads * kv_row_bytes(self.kv_type, self.head_dim) * block_size  # K and V of a block
+        return sum(row * (window_num_blocks if window_num_blocks and lw.window else num_blocks)
+                   for ops, lw in zip(self.layer_ops, self.layers) if ops is self.host_ops)
+
     def allocate_kv(self, num_blocks: int, block_size: int = 16,
                     window_num_blocks: int | None = None) -> list[LayerKV]:
         """One paged cache per layer, allocated by that layer's backend; with window_num_blocks

@@ -24,7 +24,7 @@ from edged.engine.prompt_logprobs import PromptScores, max_scored_rows
 from edged.engine.request import Request, Status
 from edged.engine.runner import StepRows, build_batch
 from edged.engine.scheduler import Scheduler
-from edged.engine.sizing import KVPlan, kv_layout, window_blocks_needed, window_pool_blocks
+from edged.engine.sizing import KVPlan, available_memory, kv_layout, window_blocks_needed, window_pool_blocks
 from edged.engine.spec_ngram import SPEC_METHODS, NgramProposer, draft_room
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
@@ -130,6 +130,15 @@ class _Live:
         return self.scores.take() if self.scores is not None else None
 
 
+def _check_host_memory(need: int) -> None:
+    """ValueError when the host KV pools would not fit the RAM the OS has available: they are
+    written at allocation (resident from the start), so an oversized pool would swap or be killed."""
+    have = available_memory()
+    if need > have:
+        raise ValueError(f"the KV cache needs {need / 2**20:,.0f} MiB of RAM and {have / 2**20:,.0f} MiB are "
+                         "available: lower --ctx or --max-seqs, or set --kv-memory")
+
+
 class Engine:
     """Continuous-batching generation over one model. Thread-safe entry points: add_request,
     abort, stats, stop."""
@@ -178,8 +187,10 @@ class Engine:
             window_blocks = config.window_num_blocks or window_pool_blocks(
                 self.layout.window, bs, config.max_batch_tokens, config.max_seqs, config.num_blocks)
             self.window_pool = BlockPool(window_blocks, bs, config.enable_prefix_cache)
+            _check_host_memory(model.kv_host_bytes(config.num_blocks, bs, window_blocks))
             self.kv_cache = model.allocate_kv(config.num_blocks, bs, window_num_blocks=window_blocks)
         else:
+            _check_host_memory(model.kv_host_bytes(config.num_blocks, bs))
             self.kv_cache = model.allocate_kv(config.num_blocks, bs)
         self.kv = KVCacheManager(self.pool, self.layout.window, self.window_pool)
 

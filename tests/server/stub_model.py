@@ -9,7 +9,7 @@ import numpy as np
 
 class StubModel:
     """Duck-types the model interface the engine uses (vocab_size, context_length,
-    kv_bytes_per_token, allocate_kv, forward)."""
+    kv_bytes_per_token, kv_host_bytes, allocate_kv, forward)."""
 
     def __init__(self, vocab_size: int, context_length: int = 256, first_token: int = 4,
                  delay_s: float = 0.0):
@@ -20,6 +20,9 @@ class StubModel:
 
     def kv_bytes_per_token(self) -> int:
         return 64
+
+    def kv_host_bytes(self, num_blocks: int, block_size: int = 16) -> int:
+        return 0
 
     def allocate_kv(self, num_blocks: int, block_size: int = 16):
         return []

@@ -41,6 +41,9 @@ class ScriptedModel:
     def kv_bytes_per_token(self) -> int:
         return 64
 
+    def kv_host_bytes(self, num_blocks: int, block_size: int = 16) -> int:
+        return 0
+
     def allocate_kv(self, num_blocks: int, block_size: int = 16):
         return []
 
