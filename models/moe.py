@@ -19,8 +19,9 @@ Execution: the routing runs on the host in one compiled call per layer (backends
 which also groups the tokens by expert (a stable counting sort), so each chosen expert's matrices
 are read once per step for all its tokens (a matmul of the gathered rows against the expert's 2-D
 slab of the stacked GGUF tensor; on a backend with ops.moe_matmul, every expert's gate and up in
-one call and then every down in another, with the same rows); ops.moe_combine then sums each token's rows in its own rank order.
-Every matmul is batch invariant per row, so a token's result is bit-identical alone or in any batch.
+one call and then every down in another, with the same rows); ops.moe_combine then sums each
+token's rows in its own rank order. Every matmul is batch invariant per row, so a token's result
+is bit-identical alone or in any batch.
 """
 
 from dataclasses import dataclass
