@@ -4,7 +4,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from edged.models.errors import ModelError
-from edged.quant.scale_fields import E8M0_FIELDS, E8M0_MAX_FINITE, F16_FIELDS, SPLIT_F16, split_f16_bits
+from edged.quant.scale_fields import E8M0_FIELDS, E8M0_MAX, F16_FIELDS, SPLIT_F16, split_f16_bits
 from edged.quant.tensor import QTensor
 
 
@@ -75,15 +75,18 @@ def check_finite(qt: QTensor, path="") -> None:
     elif qt.qtype in SPLIT_F16:
         blocks = qt.data.reshape(-1, GGML_QUANT_SIZES[qt.qtype][1])
         bad = ((split_f16_bits(blocks, SPLIT_F16[qt.qtype]) & 0x7C00) == 0x7C00).any()
-    elif qt.qtype in E8M0_FIELDS:  # a power-of-two scale so large that its block overflows float32
+    elif qt.qtype in E8M0_FIELDS:  # a power-of-two scale so large that the matmuls overflow float32
         blocks = qt.data.reshape(-1, GGML_QUANT_SIZES[qt.qtype][1])
-        bad = any((blocks[:, o] > E8M0_MAX_FINITE).any() for o in E8M0_FIELDS[qt.qtype])
+        bad = any((blocks[:, o] > E8M0_MAX).any() for o in E8M0_FIELDS[qt.qtype])
     else:
         return
     if bad:
         if qt.qtype in (T.F32, T.F16, T.BF16):
             at = int(np.flatnonzero(~np.isfinite(as_f32_vector(qt, path)))[0])
             what = f"values (the first at [{at}] of the flattened tensor)"
+        elif qt.qtype in E8M0_FIELDS:
+            raise ModelError(f"{path}: tensor {qt.name!r} ({qt.qtype.name}) has block scales past "
+                             f"2^{E8M0_MAX - 128} (E8M0 bytes > {E8M0_MAX}): the file is damaged")
         else:
             what = "block scales"
         raise ModelError(f"{path}: tensor {qt.name!r} ({qt.qtype.name}) has NaN or infinite {what}: "

@@ -18,6 +18,9 @@ SPLIT_F16 = {T.IQ1_M: 48}
 E8M0_FIELDS = {T.MXFP4: (0,)}
 # the largest E8M0 byte whose block stays finite: 12 (the largest level) * 2^(e - 128) < 2^128
 E8M0_MAX_FINITE = 252
+# the largest E8M0 byte a file may hold: weights up to 12 * 2^19 = 6.3e6, the range fp16 scales give
+# the other types (65504 * 127 = 8.3e6); past it a finite 2.5e38 weight overflowed the matmul
+E8M0_MAX = 147
 
 
 def split_f16_bits(blocks: np.ndarray, off: int) -> np.ndarray:

@@ -21,6 +21,9 @@ QB = Q8_KV_BLOCK
 # adding then subtracting 1.5 * 2^23 rounds |x| < 2^22 to the nearest integer, ties to even (act_quant.py)
 _ROUND_MAGIC = np.float32(12582912.0)
 _NO_SCALES = np.zeros((1, 1, 1, 1), dtype=np.uint16)  # the scale planes' stand-in for f32 / f16
+# f16 stores and q8_0 scales saturate here: past it fptrunc gives inf, and one inf key made a
+# whole row's logits NaN (found by fuzzing the load path with the f16 default)
+F16_MAX = np.float32(65504.0)
 
 
 @intrinsic
@@ -131,7 +134,12 @@ def _put_row(cache, scales, blk, o, kh, src):
         def f16_put(cache, scales, blk, o, kh, src):
             dst = cache[blk, o, kh]
             for d in range(src.shape[0]):
-                dst[d] = f2h(src[d])
+                x = src[d]
+                if x > F16_MAX:  # NaN compares false: it stays NaN
+                    x = F16_MAX
+                elif x < -F16_MAX:
+                    x = -F16_MAX
+                dst[d] = f2h(x)
         return f16_put
     if cache.dtype == types.int8:
         def q8_put(cache, scales, blk, o, kh, src):
@@ -142,9 +150,12 @@ def _put_row(cache, scales, blk, o, kh, src):
                 for j in range(b * QB, b * QB + QB):
                     amax = max(amax, abs(src[j]))
                 d = amax / np.float32(127.0)
+                if d > F16_MAX:  # the values saturate at +-127 d below
+                    d = F16_MAX
                 inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
                 for j in range(b * QB, b * QB + QB):
-                    dst[j] = np.int8((src[j] * inv + _ROUND_MAGIC) - _ROUND_MAGIC)
+                    q = (src[j] * inv + _ROUND_MAGIC) - _ROUND_MAGIC
+                    dst[j] = np.int8(min(max(q, np.float32(-127.0)), np.float32(127.0)))
                 sc[b] = f2h(d)
         return q8_put
     return None

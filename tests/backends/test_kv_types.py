@@ -57,6 +57,27 @@ def test_store_round_trip(kv_type):
         np.testing.assert_array_equal(ref.v_scale, kv.v_scale)
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_values_past_float16_saturate(kv_type):
+    """A key past float16's range is held as +-65504 (q8_0: its scale, the values at +-127 d), not
+    inf: one inf key made the row's logits NaN. An f16 NaN stays NaN."""
+    kvh, hd = 1, 64
+    k = np.ones((2, kvh, hd), np.float32)
+    k[0, 0, :3] = [1e6, -3e38, 70000.0]
+    k[1, 0, 32:] = 2e7  # a whole q8_0 block past 65504 * 127
+    k[1, 0, 0] = np.nan
+    kv = allocate_kv(1, 4, kvh, hd, kv_type)
+    store_kv(kv, k, k, np.arange(2, dtype=np.int32))
+    got, _ = _stored(kv, 2)
+    assert np.isfinite(got[0]).all() and np.isfinite(got[1, 0, 32:]).all()
+    if kv_type == "f16":
+        assert got[0, 0, :3].tolist() == [65504.0, -65504.0, 65504.0]
+        assert np.isnan(got[1, 0, 0])
+    else:
+        assert (got[1, 0, 32:] == 127 * 65504.0).all()
+        assert got[0, 0, :2].tolist() == [15 * 65504.0, -127 * 65504.0]  # d = 65504: 1e6 / d rounds to 15
+
+
 def _rounding_bound(q, k_seq, v_seq, k_held, v_held, positions, seq_of_tok, scale, g):
     """Largest move of any output (token, head) that rounding K/V to the held values can cause."""
     worst = 0.0
