@@ -105,8 +105,7 @@ def _routed(mw: MoEWeights, logits: np.ndarray):
 def route(mw: MoEWeights, logits: np.ndarray):
     """(chosen int64 [n, k], weights float32 [n, k]) from router logits float32 [n, n_expert]:
     each token's experts in rank order (ties to the lower id) and their combine weights."""
-    chosen, weights = _routed(mw, logits)[:2]
-    return chosen, weights
+    return _routed(mw, logits)[:2]
 
 
 def _has_biases(mw: MoEWeights) -> bool:

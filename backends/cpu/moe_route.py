@@ -19,7 +19,8 @@ _NONE = np.zeros(0, np.float32)  # "no bias"
 
 
 @nb.njit(cache=True, nogil=True)
-def _softmax_inplace(v, n):
+def _softmax_inplace(v):
+    n = v.shape[0]
     m = v[0]
     for i in range(1, n):
         m = max(m, v[i])
@@ -44,7 +45,7 @@ def _route_groups(logits, k, gating, norm_topk, scale, gate_b, probs_b):
         for e in range(E):
             probs[e] = logits[t, e] + gate_b[e] if gate_b.shape[0] else logits[t, e]
         if gating == 0:
-            _softmax_inplace(probs, E)
+            _softmax_inplace(probs)
         elif gating == 2:
             for e in range(E):
                 probs[e] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-probs[e])))
@@ -61,7 +62,7 @@ def _route_groups(logits, k, gating, norm_topk, scale, gate_b, probs_b):
             chosen[t, r] = best
             top[r] = probs[best]
         if gating == 1:
-            _softmax_inplace(top, k)
+            _softmax_inplace(top)
         if norm_topk:
             s = np.float32(0.0)
             for r in range(k):
