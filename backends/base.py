@@ -12,6 +12,9 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     swiglu_oai_mul(gate, up) -> [n, f]   (gpt-oss's clamped SwiGLU; CPU backend only)
     store_kv(kv: LayerKV, k [n, kvh, hd], v [n, kvh, hd], slot_mapping int32 [n]) -> None
         (rows converted to the cache's KV type: f16 round-to-nearest-even, q8_0 per 32 features)
+    rope_store_kv(q [n, h, hd], k, v [n, kvh, hd], kv, positions, slot_mapping, rope, eps, q_norm, k_norm)
+        -> rope(q') [n, h, hd], with rope(k') and v stored; x' = rms_norm per head (norms [hd] or None)
+        (optional: one fused call where a backend has it, else rope_store_kv_by_ops composes it)
     attention(q [n, h, hd], kv: LayerKV, batch: Batch, scale, window, softcap, sinks) -> [n, h, hd]
         (sinks float32 [h] or None: a per-head logit in the softmax denominator only, gpt-oss)
     add(a, b, out=None) (b same shape or a bias row [d]);  scale(x, s, out=None);  softcap(x, cap)
@@ -184,3 +187,16 @@ class LayerKV:
     def kv_type(self) -> str:
         """"f32", "f16" or "q8_0", from the element type of k."""
         return {"float32": "f32", "float16": "f16", "int8": "q8_0"}[str(self.k.dtype)]
+
+
+def rope_store_kv_by_ops(ops, q, k, v, kv: LayerKV, positions, slot_mapping, rope: RopeParams, eps: float,
+                         q_norm=None, k_norm=None):
+    """rope_store_kv through backend `ops`' rms_norm, rope and store_kv, one after another (its
+    definition; a backend's fused op gives the same bits)."""
+    n, nh, hd = q.shape
+    if q_norm is not None:
+        q = ops.rms_norm(q.reshape(n * nh, hd), q_norm, eps).reshape(q.shape)
+        k = ops.rms_norm(k.reshape(n * k.shape[1], hd), k_norm, eps).reshape(k.shape)
+    q, k = ops.rope(q, positions, rope), ops.rope(k, positions, rope)
+    ops.store_kv(kv, k, v, slot_mapping)
+    return q

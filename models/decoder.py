@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, is_dataclass
 
 import numpy as np
 
-from edged.backends.base import Batch, LayerKV, RopeParams, check_kv_type, kv_row_bytes
+from edged.backends.base import Batch, LayerKV, RopeParams, check_kv_type, kv_row_bytes, rope_store_kv_by_ops
 from edged.models.errors import ModelError
 from edged.models.ffn import GATED_ACTIVATIONS, gated_ffn
 from edged.models.hparams import HParams
@@ -339,18 +339,24 @@ class DecoderModel:
             q = ops.add(q, a.bq, out=q)
             k = ops.add(k, a.bk, out=k)
             v = ops.add(v, a.bv, out=v)
-        if a.q_norm is not None:
-            q = ops.rms_norm(q.reshape(n * nh, hd), a.q_norm, hp.eps)
-            k = ops.rms_norm(k.reshape(n * nkv, hd), a.k_norm, hp.eps)
-        q = ops.rope(q.reshape(n, nh, hd), batch.positions, lw.rope)  # [n, nh, hd]
-        k = ops.rope(k.reshape(n, nkv, hd), batch.positions, lw.rope)  # [n, nkv, hd]
-        ops.store_kv(kv, k, v.reshape(n, nkv, hd), batch.slot_mapping)
+        q = _rope_store(ops, q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd), kv, batch,
+                        lw.rope, hp.eps, a.q_norm, a.k_norm)  # [n, nh, hd]
         if a.sinks is not None:
             return ops.attention(q, kv, batch, self.attn_scale, lw.window, self.attn_softcap, sinks=a.sinks)
         return ops.attention(q, kv, batch, self.attn_scale, lw.window, self.attn_softcap)
 
     def _ffn(self, ops, f: FeedForwardWeights, h):
         return gated_ffn(ops, f, h, self.ffn_act)  # [n, n_embd]
+
+
+def _rope_store(ops, q, k, v, kv: LayerKV, batch: Batch, rope: RopeParams, eps: float, q_norm, k_norm):
+    """q [n, h, hd] and k [n, kvh, hd] through their per-head norms (where the model has them) and
+    RoPE, k and v [n, kvh, hd] stored in kv; returns q. One call on a backend with the fused
+    rope_store_kv (the CPU's), else the three ops it stands for."""
+    fused = getattr(ops, "rope_store_kv", None)
+    if fused is not None:
+        return fused(q, k, v, kv, batch.positions, batch.slot_mapping, rope, eps, q_norm, k_norm)
+    return rope_store_kv_by_ops(ops, q, k, v, kv, batch.positions, batch.slot_mapping, rope, eps, q_norm, k_norm)
 
 
 def _nbytes(w) -> int:

@@ -11,6 +11,8 @@ kernel fed this computes llama.cpp's integer dot exactly (only its float summati
 import numba as nb
 import numpy as np
 
+from edged.backends.cpu.kernel_threads import runs_serial
+
 QK = 32  # activation block length
 
 
@@ -49,10 +51,6 @@ def _q8_rows(x, xq, xd, xs):
 def quantize_rows_q8(x, xq, xd, xs):
     """x float32 [n, k] -> xq int8 [n, k], xd float32 [n, k//32] scales, xs int32 [n, k//32] sums."""
     _q8_rows(x, xq, xd, xs)
-
-
-# at most this many rows are quantized in the calling thread (a MoE layer's k expert rows at decode)
-SERIAL_ROWS = 8
 
 
 @nb.njit(nogil=True, cache=True, fastmath=False)
@@ -114,5 +112,5 @@ def quantize_activations(x: np.ndarray, grid: str = "q8_32"):
     if grid == "q8_K":
         quantize_rows_q8_K(x, xq, xd, xs)
     else:
-        (quantize_row_q8_serial if n <= SERIAL_ROWS else quantize_rows_q8)(x, xq, xd, xs)
+        (quantize_row_q8_serial if runs_serial(x) else quantize_rows_q8)(x, xq, xd, xs)
     return xq, xd, xs

@@ -11,6 +11,7 @@ import numba as nb
 import numpy as np
 
 from edged.backends.cpu.fastexp import exp_nonpos
+from edged.backends.cpu.kernel_threads import runs_serial
 
 _FM = {"contract", "nsz", "arcp"}  # no reassoc: elementwise, nothing to reorder
 
@@ -21,21 +22,37 @@ _ONE = np.float32(1.0)
 
 
 @nb.njit(inline="always", fastmath=_FM)
-def _gelu(x):
-    # 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), with e^(-2|y|) from the vectorizable exp: libm's
-    # tanh is a scalar call per element (docs/kernels.md has the figures)
-    y = _SQRT_2_OVER_PI * x * (_ONE + _GELU_COEF_A * x * x)
-    e = exp_nonpos(np.float32(-2.0) * abs(y))
-    num = _ONE if y >= np.float32(0.0) else e
+def _x_sigmoid(x, z):
+    """x * sigmoid(z), with e^(-|z|) from the vectorizable exp: libm's exp and tanh are scalar
+    calls per element (docs/kernels.md has the figures)."""
+    e = exp_nonpos(-abs(z))
+    num = _ONE if z >= np.float32(0.0) else e
     return x * num / (_ONE + e)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
-def _gelu_tanh_mul_rows(gate, up, out):
+@nb.njit(inline="always", fastmath=_FM)
+def _gelu(x):
+    # 0.5 x (1 + tanh(y)) = x * sigmoid(2y)
+    y = _SQRT_2_OVER_PI * x * (_ONE + _GELU_COEF_A * x * x)
+    return _x_sigmoid(x, np.float32(2.0) * y)
+
+
+@nb.njit(nogil=True, inline="always", fastmath=_FM)
+def _gelu_tanh_mul(gate, up, out):
     n, f = gate.shape
     for r in nb.prange(n):
         for i in range(f):
             out[r, i] = _gelu(gate[r, i]) * up[r, i]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
+def _gelu_tanh_mul_rows(gate, up, out):
+    _gelu_tanh_mul(gate, up, out)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM, error_model="numpy")
+def _gelu_tanh_mul_rows_serial(gate, up, out):
+    _gelu_tanh_mul(gate, up, out)
 
 
 @nb.njit(inline="always")
@@ -67,8 +84,8 @@ def _f32_to_f16_bits(b):
     return sign | h
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _gelu_fp16_mul_rows(gate, up, table, out):
+@nb.njit(nogil=True, inline="always")
+def _gelu_fp16_mul(gate, up, table, out):
     n, f = gate.shape
     bits = gate.view(np.uint32)  # [n, f]
     for r in nb.prange(n):
@@ -83,6 +100,16 @@ def _gelu_fp16_mul_rows(gate, up, table, out):
             out[r, i] = g * up[r, i]
 
 
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _gelu_fp16_mul_rows(gate, up, table, out):
+    _gelu_fp16_mul(gate, up, table, out)
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _gelu_fp16_mul_rows_serial(gate, up, table, out):
+    _gelu_fp16_mul(gate, up, table, out)
+
+
 def _build_gelu_f16_table() -> np.ndarray:
     """float32 [65536]: GELU of every float16 value, rounded to float16 (ggml_table_gelu_f16)."""
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)  # [65536]
@@ -94,32 +121,62 @@ def _build_gelu_f16_table() -> np.ndarray:
 _GELU_F16_TABLE: np.ndarray | None = None
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _silu_mul_rows(gate, up, out):
+@nb.njit(nogil=True, inline="always", fastmath=_FM)
+def _silu_mul(gate, up, out):
     n, f = gate.shape
     for r in nb.prange(n):
         for i in range(f):
             x = gate[r, i]
-            out[r, i] = x / (_ONE + np.float32(math.exp(-x))) * up[r, i]
+            out[r, i] = _x_sigmoid(x, x) * up[r, i]
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _swiglu_oai_rows(gate, up, alpha, limit, out):
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
+def _silu_mul_rows(gate, up, out):
+    _silu_mul(gate, up, out)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM, error_model="numpy")
+def _silu_mul_rows_serial(gate, up, out):
+    _silu_mul(gate, up, out)
+
+
+@nb.njit(nogil=True, inline="always", fastmath=_FM)
+def _swiglu_oai(gate, up, alpha, limit, out):
     n, f = gate.shape
     for r in nb.prange(n):
         for i in range(f):
             x = min(gate[r, i], limit)  # the gate is clamped from above only
             y = min(max(up[r, i], -limit), limit)
-            out[r, i] = x / (_ONE + np.float32(math.exp(alpha * -x))) * (y + _ONE)
+            out[r, i] = _x_sigmoid(x, alpha * x) * (y + _ONE)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _softcap_rows(x, cap, out):
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_FM)
+def _swiglu_oai_rows(gate, up, alpha, limit, out):
+    _swiglu_oai(gate, up, alpha, limit, out)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_FM, error_model="numpy")
+def _swiglu_oai_rows_serial(gate, up, alpha, limit, out):
+    _swiglu_oai(gate, up, alpha, limit, out)
+
+
+@nb.njit(nogil=True, inline="always")
+def _softcap(x, cap, out):
     n, f = x.shape
     inv = _ONE / cap
     for r in nb.prange(n):
         for i in range(f):
             out[r, i] = cap * np.float32(math.tanh(x[r, i] * inv))
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _softcap_rows(x, cap, out):
+    _softcap(x, cap, out)
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy")
+def _softcap_rows_serial(x, cap, out):
+    _softcap(x, cap, out)
 
 
 def _pair(gate, up, out, name):
@@ -147,16 +204,16 @@ def gelu_tanh_mul(
         global _GELU_F16_TABLE
         if _GELU_F16_TABLE is None:
             _GELU_F16_TABLE = _build_gelu_f16_table()
-        _gelu_fp16_mul_rows(gate, up, _GELU_F16_TABLE, out)
+        (_gelu_fp16_mul_rows_serial if runs_serial(gate) else _gelu_fp16_mul_rows)(gate, up, _GELU_F16_TABLE, out)
     else:
-        _gelu_tanh_mul_rows(gate, up, out)
+        (_gelu_tanh_mul_rows_serial if runs_serial(gate) else _gelu_tanh_mul_rows)(gate, up, out)
     return out
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """SwiGLU: silu(gate) * up with silu(x) = x / (1 + exp(-x)); float32 [n, f] -> [n, f]."""
     gate, up, out = _pair(gate, up, out, "silu_mul")
-    _silu_mul_rows(gate, up, out)
+    (_silu_mul_rows_serial if runs_serial(gate) else _silu_mul_rows)(gate, up, out)
     return out
 
 
@@ -169,7 +226,7 @@ def swiglu_oai_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = No
     """gpt-oss's clamped SwiGLU (ggml_swiglu_oai): x = min(gate, limit), y = clamp(up, -limit, limit),
     x * sigmoid(alpha x) * (y + 1); gate/up float32 [n, f] -> [n, f]."""
     gate, up, out = _pair(gate, up, out, "swiglu_oai_mul")
-    _swiglu_oai_rows(gate, up, np.float32(alpha), np.float32(limit), out)
+    (_swiglu_oai_rows_serial if runs_serial(gate) else _swiglu_oai_rows)(gate, up, np.float32(alpha), np.float32(limit), out)
     return out
 
 
@@ -184,7 +241,7 @@ def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndar
         out = np.empty_like(x)
     elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("softcap out must be a C-contiguous float32 array shaped like x")
-    _softcap_rows(x, np.float32(cap), out)
+    (_softcap_rows_serial if runs_serial(x) else _softcap_rows)(x, np.float32(cap), out)
     return out
 
 

@@ -1,8 +1,6 @@
 """A vectorizable float32 exp for softmax: LLVM cannot vectorize libm's expf calls (no SVML here),
 and scalar expf dominated decode attention's softmax pass."""
 
-import math
-
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -26,6 +24,21 @@ def _bits_as_f32(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def _floor_f32(typingctx, x):
+    """llvm.floor.f32 of a float32: math.floor returns an integer (a round trip through int64)
+    and, outside a parallel loop, lowers to a libm call that keeps the loop scalar."""
+    if x != types.float32:
+        return None
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.floor", [ir.FloatType()])
+        return builder.call(fn, [args[0]])
+
+    return sig, codegen
+
+
 @nb.njit(inline="always", fastmath=_FM)
 def exp_nonpos(x):
     """e^x for float32 x <= 0 (softmax after subtracting the max); relative error < 4e-7.
@@ -33,7 +46,7 @@ def exp_nonpos(x):
     Inputs below -87 return ~1.2e-38 instead of underflowing further, which a softmax cannot see.
     """
     x = max(x, np.float32(-87.0))
-    n = np.float32(math.floor(x * _LOG2E + np.float32(0.5)))
+    n = _floor_f32(x * _LOG2E + np.float32(0.5))
     r = (x - n * _LN2_HI) - n * _LN2_LO  # |r| <= ln2 / 2
     # Cephes expf minimax polynomial on [-ln2/2, ln2/2]
     p = np.float32(1.9875691500e-4)

@@ -12,6 +12,15 @@ from numba.np.ufunc.parallel import _launch_threads
 # registers the layer's symbols with LLVM before any cached kernel that calls them is linked
 _launch_threads()
 
+# an elementwise or per-row op over at most this many elements runs in the calling thread: a decode
+# step's few rows are less work than starting the thread pool (docs/kernels.md, "Small ops at decode")
+SERIAL_ELEMENTS = 16384
+
+
+def runs_serial(a) -> bool:
+    """Whether an op over array `a` runs in the calling thread (SERIAL_ELEMENTS)."""
+    return a.size <= SERIAL_ELEMENTS
+
 # declared as Numba's parallel loops declare get_num_threads (intp), which share the module (the C
 # functions take and return int: the low half of the register)
 _INTP = cgutils.intp_t

@@ -16,6 +16,7 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 from edged.backends.base import Q8_KV_BLOCK, LayerKV, check_kv_type, kv_shape
+from edged.backends.cpu.kernel_threads import runs_serial
 
 QB = Q8_KV_BLOCK
 # adding then subtracting 1.5 * 2^23 rounds |x| < 2^22 to the nearest integer, ties to even (act_quant.py)
@@ -161,10 +162,8 @@ def _put_row(cache, scales, blk, o, kh, src):
     return None
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def store_rows(kc, vc, ks, vs, k, v, slots):
-    """Write k/v float32 [n, kvh, hd] rows to kc/vc [nb, bs, kvh, hd] (and q8_0 scales ks/vs) at
-    slots, converted to the cache's type; negative slots are skipped; returns #slots past the cache."""
+@nb.njit(nogil=True, inline="always")
+def _store(kc, vc, ks, vs, k, v, slots):
     n_blocks, bs, kvh, hd = kc.shape
     cap = n_blocks * bs
     bad = 0
@@ -181,3 +180,19 @@ def store_rows(kc, vc, ks, vs, k, v, slots):
             put_row(kc, ks, b, o, h, k[i, h])
             put_row(vc, vs, b, o, h, v[i, h])
     return bad
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _store_rows(kc, vc, ks, vs, k, v, slots):
+    return _store(kc, vc, ks, vs, k, v, slots)
+
+
+@nb.njit(nogil=True, cache=True)
+def _store_rows_serial(kc, vc, ks, vs, k, v, slots):
+    return _store(kc, vc, ks, vs, k, v, slots)
+
+
+def store_rows(kc, vc, ks, vs, k, v, slots) -> int:
+    """Write k/v float32 [n, kvh, hd] rows to kc/vc [nb, bs, kvh, hd] (and q8_0 scales ks/vs) at
+    slots, converted to the cache's type; negative slots are skipped; returns #slots past the cache."""
+    return (_store_rows_serial if runs_serial(k) else _store_rows)(kc, vc, ks, vs, k, v, slots)

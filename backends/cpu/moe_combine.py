@@ -9,10 +9,7 @@ which other tokens share the batch.
 import numba as nb
 import numpy as np
 
-
-# at most this many tokens are summed in the calling thread: a decode step's few rows are less
-# work than starting the thread pool (which, on a busy machine, waits for a descheduled worker)
-SERIAL_ROWS = 8
+from edged.backends.cpu.kernel_threads import runs_serial
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -53,5 +50,5 @@ def moe_combine(ys, src: np.ndarray, weights: np.ndarray) -> np.ndarray:
     if src.size and (src.min() < 0 or src.max() >= y.shape[0]):
         raise ValueError(f"moe_combine: src indices must be in [0, {y.shape[0]})")
     out = np.empty((src.shape[0], y.shape[1]), dtype=np.float32)
-    (_combine_rows_serial if src.shape[0] <= SERIAL_ROWS else _combine_rows)(y, src, weights, out)
+    (_combine_rows_serial if runs_serial(out) else _combine_rows)(y, src, weights, out)
     return out

@@ -12,14 +12,18 @@ import numpy as np
 
 from edged.backends import rope as _rope
 from edged.backends.base import RopeParams
+from edged.backends.cpu.kernel_threads import runs_serial
 
 _pair_features = nb.njit(inline="always")(_rope.pair_features)
 _pair_angle = nb.njit(inline="always")(_rope.pair_angle)
 _rotate = nb.njit(inline="always")(_rope.rotate)
 
 
-@nb.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _rms_norm_rows(x, weight, eps, out):
+_NORM_FM = {"reassoc", "contract", "nsz"}
+
+
+@nb.njit(nogil=True, inline="always", fastmath=_NORM_FM)
+def _rms_norm(x, weight, eps, out):
     """x float32 [n, d] -> out [n, d] = x / sqrt(mean(x^2) + eps) * weight."""
     n, d = x.shape
     for r in nb.prange(n):
@@ -31,6 +35,16 @@ def _rms_norm_rows(x, weight, eps, out):
         scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
         for i in range(d):
             out[r, i] = (x[r, i] * scale) * weight[i]
+
+
+@nb.njit(parallel=True, nogil=True, cache=True, fastmath=_NORM_FM)
+def _rms_norm_rows(x, weight, eps, out):
+    _rms_norm(x, weight, eps, out)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=_NORM_FM)
+def _rms_norm_rows_serial(x, weight, eps, out):
+    _rms_norm(x, weight, eps, out)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -49,12 +63,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | No
         out = np.empty_like(x)
     elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("rms_norm out must be a C-contiguous float32 array shaped like x")
-    _rms_norm_rows(x, weight, np.float32(eps), out)
+    (_rms_norm_rows_serial if runs_serial(x) else _rms_norm_rows)(x, weight, np.float32(eps), out)
     return out
 
 
-@nb.njit(parallel=True, nogil=True, cache=True)
-def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
+@nb.njit(nogil=True, inline="always")
+def _rotate_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
     """x float32 [n, heads, hd] -> out: rotate the first n_dims features of every head.
 
     table float32 [3, n_dims/2] (backends/rope.py rope_table: divisors, interpolated and
@@ -80,6 +94,16 @@ def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscal
                 out[t, h, i] = x[t, h, i]
 
 
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _rope_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
+    _rotate_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out)
+
+
+@nb.njit(nogil=True, cache=True)
+def _rope_rows_serial(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
+    _rotate_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out)
+
+
 def rope(
     x: np.ndarray, positions: np.ndarray, p: RopeParams, out: np.ndarray | None = None
 ) -> np.ndarray:
@@ -103,7 +127,7 @@ def rope(
         out = np.empty_like(x)
     elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("rope out must be a C-contiguous float32 array shaped like x")
-    _rope_rows(
+    (_rope_rows_serial if runs_serial(x) else _rope_rows)(
         x, positions, dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base),
         np.float32(p.freq_scale), table, _rope.rope_mscale(p), out,
     )

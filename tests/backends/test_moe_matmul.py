@@ -104,8 +104,8 @@ def test_moe_combine_serial_and_parallel_same_bits():
     """moe_combine sums a few tokens in the calling thread and more in the thread pool: same bits,
     both equal to float32 sums in each token's rank order."""
     rng = np.random.default_rng(3)
-    y = rng.standard_normal((60, 48)).astype(np.float32)
-    src = rng.integers(0, 60, (20, 3)).astype(np.int32)  # 20 tokens > SERIAL_ROWS
+    y = rng.standard_normal((60, 1024)).astype(np.float32)
+    src = rng.integers(0, 60, (20, 3)).astype(np.int32)  # 20 tokens x 1024 > SERIAL_ELEMENTS
     w = rng.standard_normal((20, 3)).astype(np.float32)
     want = w[:, :1] * y[src[:, 0]] + w[:, 1:2] * y[src[:, 1]] + w[:, 2:] * y[src[:, 2]]
     batch = cpu.moe_combine([y[:25], y[25:]], src, w)

@@ -1,0 +1,84 @@
+"""rope_store_kv: a step's attention inputs in one call. q and k go through their per-head RMS norms
+(where the model has them) and RoPE, k and v are written into the paged cache, and q is returned.
+
+It computes what rms_norm, rope and store_kv compute one after another (base.rope_store_kv_by_ops,
+which backends without this op run), through the same compiled loops, so the bits never depend on
+the path. A small batch is one compiled call in the calling thread: at decode, five separate calls
+cost more in dispatch than their work (docs/kernels.md, "Small ops at decode").
+"""
+
+from types import SimpleNamespace
+
+import numba as nb
+import numpy as np
+
+from edged.backends import rope as _rope
+from edged.backends.base import LayerKV, RopeParams, rope_store_kv_by_ops
+from edged.backends.cpu import kv_codec
+from edged.backends.cpu.attention import store_kv
+from edged.backends.cpu.kernel_threads import runs_serial
+from edged.backends.cpu.norm_rope import _rms_norm_rows_serial, _rope_rows_serial, rms_norm, rope
+
+_NO_NORM = np.zeros(0, np.float32)
+_POOL_OPS = SimpleNamespace(rms_norm=rms_norm, rope=rope, store_kv=store_kv)  # a prefill's thread-pool ops
+
+
+@nb.njit(nogil=True, cache=True)
+def _rope_store_serial(q, k, v, q_norm, k_norm, eps, positions, n_dims, neox, theta_scale, freq_scale, table,
+                       mscale, kc, vc, ks, vs, slots, qo, ko):
+    """qo [n, h, hd], ko [n, kvh, hd] = rope(rms_norm(q / k)) (no norm when q_norm is empty); k as
+    ko and v stored at slots. Each step calls the serial op's own kernel (its own fastmath flags:
+    inlined here, they would take this function's). Returns the slots past the cache."""
+    n, nh, hd = q.shape
+    kvh = k.shape[1]
+    if q_norm.shape[0] > 0:
+        _rms_norm_rows_serial(q.reshape(n * nh, hd), q_norm, eps, qo.reshape(n * nh, hd))
+        _rms_norm_rows_serial(k.reshape(n * kvh, hd), k_norm, eps, ko.reshape(n * kvh, hd))
+        _rope_rows_serial(qo, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, qo)
+        _rope_rows_serial(ko, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, ko)
+    else:
+        _rope_rows_serial(q, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, qo)
+        _rope_rows_serial(k, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, ko)
+    return kv_codec._store_rows_serial(kc, vc, ks, vs, ko, v, slots)
+
+
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _check(q, k, v, kv: LayerKV, positions, slots, q_norm, k_norm):
+    n, _, hd = q.shape
+    kvh = kv.k.shape[2]
+    if k.shape != (n, kvh, hd) or v.shape != k.shape or kv.k.shape[3] != hd:
+        raise ValueError(f"rope_store_kv: q {q.shape}, k {k.shape}, v {v.shape} do not fit a cache of "
+                         f"{kvh} kv heads x {kv.k.shape[3]}")
+    if positions.shape != (n,) or slots.shape != (n,):
+        raise ValueError(f"rope_store_kv: positions {positions.shape} / slot_mapping {slots.shape} must be ({n},)")
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,))):
+        raise ValueError(f"rope_store_kv: q_norm and k_norm must both be None or both [{hd}]")
+
+
+def rope_store_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: LayerKV, positions: np.ndarray,
+                  slot_mapping: np.ndarray, p: RopeParams, eps: float, q_norm: np.ndarray | None = None,
+                  k_norm: np.ndarray | None = None) -> np.ndarray:
+    """q [n, h, hd], k / v [n, kvh, hd] -> rope(q') [n, h, hd] with k' = rope(k') stored with v at
+    slot_mapping; x' = rms_norm over each head's hd features (q_norm / k_norm [hd]) or x itself."""
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"rope_store_kv: q {q.shape}, k {k.shape}, v {v.shape} must be [n, heads, head_dim]")
+    q, k, v = _f32(q), _f32(k), _f32(v)
+    positions = np.ascontiguousarray(positions, dtype=np.int32)
+    slots = np.ascontiguousarray(slot_mapping, dtype=np.int32)
+    _check(q, k, v, kv, positions, slots, q_norm, k_norm)
+    if not (runs_serial(q) and runs_serial(k)):  # a prefill: the thread-pool ops
+        return rope_store_kv_by_ops(_POOL_OPS, q, k, v, kv, positions, slots, p, eps, q_norm, k_norm)
+    hd = q.shape[2]
+    dim = _rope.rope_dim(p, hd)
+    qo, ko = np.empty_like(q), np.empty_like(k)
+    bad = _rope_store_serial(
+        q, k, v, _NO_NORM if q_norm is None else _f32(q_norm), _NO_NORM if k_norm is None else _f32(k_norm),
+        np.float32(eps), positions, dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base),
+        np.float32(p.freq_scale), _rope.cached_rope_table(p, dim), _rope.rope_mscale(p),
+        *kv_codec.kernel_arrays(kv), slots, qo, ko)
+    if bad:
+        raise ValueError(f"store_kv: slot out of range (cache holds {kv.k.shape[0] * kv.k.shape[1]} slots)")
+    return qo
