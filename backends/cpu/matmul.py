@@ -119,6 +119,13 @@ def size_class(qtype, n: int, max_n: int | None = None) -> int:
     return 0 if n == 1 else (1 if n <= (max_n or gemv_max_n(qtype)) else 2)
 
 
+def takes_q8(qtype) -> bool:
+    """Whether `qtype`'s kernels take quantize_activations' q8_32 activations (False: float, or a
+    type without a kernel, which matmul names)."""
+    plan = _DISPATCH.get(qtype)
+    return plan is not None and plan[3]
+
+
 def set_tuned(choices: dict) -> None:
     """Install tuned choices: {(qtype, m, k): (knobs_n1, knobs_gemv, knobs_gemm[, gemv_max_n])},
     knobs (tasks, prefetch, mode, threads) as typed_kernel.DEFAULT_KNOBS, gemv_max_n the largest

@@ -100,6 +100,17 @@ def _dup_last(a):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
+def gemv_operands(xq, xd, xs, kind):
+    """rows_dot's activation operands of quantized x for weights of `kind`: the per-16 types take
+    (xq, scale [n, k/16], bias term [n, k/16]); the others x in their block layout [n, k] and
+    (scale, scale x block sum) [n, k/32]."""
+    if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
+        xa, xb = _half_terms(xq, xd, xs, _int_bias(kind))  # [n, k/16] each
+        return xq, xa, xb
+    return interleave_blocks(xq), xd, _block_sums(xd, xs)  # [n, k], [n, k/32] x 2
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
 def gemv_rows_per_task(m, tasks):
     """Rows per prange task of a gemv over m rows split into `tasks` (0: GEMV_ROWS each): even, so
     rows are always paired the same way (2r, 2r + 1)."""
@@ -118,12 +129,7 @@ def gemv_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     prev = fewer_threads(threads)
     m, rb = w.shape
     n, k = xq.shape
-    if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
-        xa, xb = _half_terms(xq, xd, xs, _int_bias(kind))  # [n, k/16] each
-        x = xq
-    else:
-        xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
-        x = interleave_blocks(xq)  # [n, k] in the rows dot's block layout
+    x, xa, xb = gemv_operands(xq, xd, xs, kind)
     yo = y
     if n % GEMV_TOKENS == 3:  # a last group of 3 runs as 4 (its third token twice): cheaper than 2 + 1
         x, xa, xb = _dup_last(x), _dup_last(xa), _dup_last(xb)
@@ -265,9 +271,10 @@ def gemm_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     restore_threads(prev)
 
 
-KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind), bind("gemm", qtype, gemm_kquant, kind)) for qtype, kind in (
-    (T.Q2_K, KIND_Q2K), (T.Q3_K, KIND_Q3K), (T.Q4_K, KIND_Q4K), (T.Q5_K, KIND_Q5K), (T.Q6_K, KIND_Q6K),
-    (T.IQ4_XS, KIND_IQ4XS))}
+# qtype -> its run-time kind (the kernels' bound argument; rows_dot's first argument)
+KINDS = {T.Q2_K: KIND_Q2K, T.Q3_K: KIND_Q3K, T.Q4_K: KIND_Q4K, T.Q5_K: KIND_Q5K, T.Q6_K: KIND_Q6K, T.IQ4_XS: KIND_IQ4XS}
+KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind), bind("gemm", qtype, gemm_kquant, kind))
+           for qtype, kind in KINDS.items()}
 
 # knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in bytes
 KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {}}

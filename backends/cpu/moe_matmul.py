@@ -15,28 +15,19 @@ invariance holds.
 import numba as nb
 import numpy as np
 
-from edged.backends.cpu import matmul_kquants
 from edged.backends.cpu.act_quant import quantize_activations
-from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
-from edged.backends.cpu.kquant_unpack import KIND_Q2K, KIND_Q3K, KIND_Q6K
-from edged.backends.cpu.matmul import gemv_max_n, matmul
-from edged.backends.cpu.matmul_kquants import GEMV_ROWS, QK_K, _block_sums, _half_terms, _int_bias
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot
+from edged.backends.cpu.matmul import gemv_max_n, matmul, takes_q8
+from edged.backends.cpu.matmul_kquants import GEMV_ROWS, KINDS, QK_K, gemv_operands
 from edged.quant.tensor import QTensor
-from edged.quant.types import TYPE_TRAITS, traits
 
-# qtype -> the K-quant kernels' run-time kind (the gemv TypedKernel's bound argument)
-_KQUANT_KIND = {qtype: int(gemv.extra[0]) for qtype, (gemv, _) in matmul_kquants.KERNELS.items()}
 
 
 @nb.njit(cache=True, nogil=True)
 def _prepare(xq, xd, xs, rows, kind):
     """The gemv's activation operands of x's rows `rows` (int32 [P], in pair order): x int8 [P, k]
     (the per-32 types' interleaved layout), xa, xb float32 [P, nf], as gemv_kquant makes them."""
-    gq, gd, gs = xq[rows], xd[rows], xs[rows]  # gather first: every step is per row
-    if kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K:
-        xa, xb = _half_terms(gq, gd, gs, _int_bias(kind))  # [P, k/16] each
-        return gq, xa, xb
-    return interleave_blocks(gq), gd, _block_sums(gd, gs)  # [P, k], [P, k/32] x 2
+    return gemv_operands(xq[rows], xd[rows], xs[rows], kind)  # gather first: every step is per row
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
@@ -111,7 +102,6 @@ def _check_weights(ws, x):
 
 _GROUP_ERRORS = {1: "cuts must rise from 0 to the number of rows, one more than the groups",
                  2: "expert ids must be in [0, {e})", 3: "rows must be in [0, {n})"}
-_Q8 = {qtype: traits(qtype).act_format == "q8_32" for qtype in TYPE_TRAITS}  # a dict lookup per call
 
 
 def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: np.ndarray) -> list:
@@ -125,7 +115,7 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     _check_weights(ws, x)
     n_expert, m, _ = ws[0].shape
     qtype = ws[0].qtype
-    kind = _KQUANT_KIND.get(qtype)
+    kind = KINDS.get(qtype)
     fused = kind is not None and all(w.qtype == qtype for w in ws)
     err, small, n_small = _small_groups(rows, experts, cuts, x.shape[0], n_expert, gemv_max_n(qtype) if fused else 0)
     if err:
@@ -134,7 +124,7 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     ys = [np.empty((P, m), dtype=np.float32) for _ in ws]  # [P, m] each
     if P == 0:
         return ys
-    q8 = [_Q8.get(w.qtype, False) for w in ws]  # unknown types: matmul names them
+    q8 = [takes_q8(w.qtype) for w in ws]  # unknown types: matmul names them
     qx = quantize_activations(x) if any(q8) else None  # once for every expert and weight
     if n_small:
         xg, xa, xb = _prepare(*qx, rows, kind)
