@@ -138,6 +138,9 @@ def check_sinks(sinks, n_heads: int) -> np.ndarray:
 KV_TYPES = ("f32", "f16", "q8_0")
 KV_DEFAULT = "f16"  # llama.cpp's default (-ctk f16 -ctv f16)
 Q8_KV_BLOCK = 32  # q8_0: features per scale
+# f16 stores and q8_0 scales saturate here (both backends): past it fptrunc gives inf, and one inf
+# key made a whole row's logits NaN (found by fuzzing the load path with the f16 default)
+F16_MAX = np.float32(65504.0)
 
 
 def check_kv_type(kv_type: str, head_dim: int) -> str:

@@ -15,16 +15,13 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic, overload
 
-from edged.backends.base import Q8_KV_BLOCK, LayerKV, check_kv_type, kv_shape
+from edged.backends.base import F16_MAX, Q8_KV_BLOCK, LayerKV, check_kv_type, kv_shape
 from edged.backends.cpu.kernel_threads import runs_serial
 
 QB = Q8_KV_BLOCK
 # adding then subtracting 1.5 * 2^23 rounds |x| < 2^22 to the nearest integer, ties to even (act_quant.py)
 _ROUND_MAGIC = np.float32(12582912.0)
 _NO_SCALES = np.zeros((1, 1, 1, 1), dtype=np.uint16)  # the scale planes' stand-in for f32 / f16
-# f16 stores and q8_0 scales saturate here: past it fptrunc gives inf, and one inf key made a
-# whole row's logits NaN (found by fuzzing the load path with the f16 default)
-F16_MAX = np.float32(65504.0)
 
 
 @intrinsic

@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int8, int32
 
-from edged.backends.base import KV_DEFAULT, Q8_KV_BLOCK, Batch, LayerKV, check_kv_type, check_sinks, key_chunk, kv_shape
+from edged.backends.base import F16_MAX, KV_DEFAULT, Q8_KV_BLOCK, Batch, LayerKV, check_kv_type, check_sinks, key_chunk, kv_shape
 from edged.backends.cuda.launch import SIM, launch_1d
 from edged.backends.cuda.memory import as_device, is_device
 
@@ -70,10 +70,21 @@ def allocate_kv(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int
     return LayerKV(k=_zeroed(shape, dtype), v=_zeroed(shape, dtype))
 
 
+@cuda.jit(device=True, inline=True)
+def _held(x, limit):
+    """x within +-limit (F16_MAX for an f16 cache, inf for f32); NaN compares false and stays NaN."""
+    if x > limit:
+        return limit
+    if x < -limit:
+        return -limit
+    return x
+
+
 @cuda.jit
-def _store_kv(kc, vc, k, v, slots):
+def _store_kv(kc, vc, k, v, slots, limit):
     """One thread per (token, kv feature); negative slots (padding) and slots past the cache are
-    skipped. f32 / f16 caches (the store rounds to float16, to nearest even)."""
+    skipped. f32 / f16 caches (the store rounds to float16, to nearest even, saturating at limit
+    as the CPU's does)."""
     n_blocks, bs, kvh, hd = kc.shape
     per = kvh * hd
     i = cuda.grid(1)
@@ -85,22 +96,26 @@ def _store_kv(kc, vc, k, v, slots):
         return
     h = (i % per) // hd
     d = i % hd
-    kc[s // bs, s % bs, h, d] = k[t, h, d]
-    vc[s // bs, s % bs, h, d] = v[t, h, d]
+    kc[s // bs, s % bs, h, d] = _held(k[t, h, d], limit)
+    vc[s // bs, s % bs, h, d] = _held(v[t, h, d], limit)
 
 
 @cuda.jit(device=True, inline=True)
 def _put_q8(c, sc, b, o, h, blk, x, t):
     """c[b, o, h, 32 blk ..] and its scale sc[b, o, h, blk] from x[t, h, 32 blk ..] as
-    quantize_row_q8_0: d = amax / 127, q = rint(x * (1 / d)) (0 for an all-zero block)."""
+    quantize_row_q8_0: d = amax / 127, q = rint(x * (1 / d)) (0 for an all-zero block); d saturates
+    at F16_MAX and q at +-127, as the CPU's store."""
     base = blk * 32
     amax = float32(0.0)
     for j in range(32):
         amax = max(amax, abs(x[t, h, base + j]))
     d = amax / float32(127.0)
+    if d > float32(F16_MAX):  # the values saturate at +-127 d below
+        d = float32(F16_MAX)
     inv = float32(1.0) / d if d > float32(0.0) else float32(0.0)
     for j in range(32):
-        c[b, o, h, base + j] = int8(round(x[t, h, base + j] * inv))  # round(): half to even
+        q = round(x[t, h, base + j] * inv)  # round(): half to even
+        c[b, o, h, base + j] = int8(min(max(q, float32(-127.0)), float32(127.0)))
     sc[b, o, h, blk] = d
 
 
@@ -142,7 +157,8 @@ def store_kv(kv: LayerKV, k, v, slot_mapping) -> None:
         return
     if kv.k_scale is None:
         blocks, threads = launch_1d(k.shape[0] * kvh * hd)
-        _store_kv[blocks, threads](kv.k, kv.v, k, v, slots)
+        limit = F16_MAX if kv.k.dtype == np.float16 else np.float32(np.inf)
+        _store_kv[blocks, threads](kv.k, kv.v, k, v, slots, limit)
     else:
         blocks, threads = launch_1d(k.shape[0] * kvh * (hd // Q8_KV_BLOCK))
         _store_kv_q8[blocks, threads](kv.k, kv.v, kv.k_scale, kv.v_scale, k, v, slots)

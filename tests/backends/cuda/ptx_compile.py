@@ -65,7 +65,7 @@ def kernels():
     out += [
         ("act_quant", act_quant._quantize_blocks, (f2, q2, f2, i2)),
         ("rms_norm", norm_rope._rms_norm_rows, (f2, f1, float32, f2)),
-        ("rope", norm_rope._rope_rows, (f3, i1, int32, int32, float32, float32, f1, f3)),
+        ("rope", norm_rope._rope_rows, (f3, i1, int32, int32, float32, float32, f2, float32, f3)),
         ("gelu_mul", activations._gelu_mul, (f1, f1, f1)),
         ("silu_mul", activations._silu_mul, (f1, f1, f1)),
         ("softcap", activations._softcap, (f1, float32, float32, f1)),
@@ -81,8 +81,8 @@ def kernels():
         out += [(f"zero {name}", attention._zero, (types.Array(c.dtype, 1, "C"),)),
                 (f"attention {name} KV", attention._attention,
                  (f3, c, c, s, s, i2, i1, i1, int32, float32, float32, int32, f1, f3, f3, f3, f4))]
-    out += [("store_kv f32", attention._store_kv, (f4, f4, f3, f3, i1)),
-            ("store_kv f16", attention._store_kv, (h4, h4, f3, f3, i1)),
+    out += [("store_kv f32", attention._store_kv, (f4, f4, f3, f3, i1, float32)),
+            ("store_kv f16", attention._store_kv, (h4, h4, f3, f3, i1, float32)),
             ("store_kv q8_0", attention._store_kv_q8, (q4, q4, h4, h4, f3, f3, i1))]
     return out
 

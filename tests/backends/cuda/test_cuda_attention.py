@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from edged.backends.base import Batch
+from edged.backends.cpu.attention import allocate_kv as cpu_allocate_kv, store_kv as cpu_store_kv
 from tests.backends.cuda.checks import check_attention, ops
 
 MIXED = [(11, 9), (0, 1), (5, 1), (39, 1)]  # one prefill chunk after context, three decodes
@@ -90,3 +91,24 @@ def test_long_context_split_into_chunks(window):
 
     assert 130 > 2 * CHUNK  # three chunks of keys for the longest token (two with the window)
     check_attention(bs=8, kvh=1, g=2, hd=16, seqs=[(130, 3), (0, 2)], window=window, seed=5)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_store_kv_saturates_as_the_cpu(kv_type):
+    """Values past float16's range are held as the CPU's store holds them (+-65504; q8_0: the scale
+    at 65504, the values at +-127), bit for bit, not as inf; an f16 NaN stays NaN."""
+    kvh, hd = 1, 32
+    k = np.ones((3, kvh, hd), np.float32)
+    k[0, 0, :3] = [1e6, -3e38, 70000.0]
+    k[1, 0, :] = 2e7  # a whole q8_0 block past 65504 * 127
+    k[2, 0, 0] = np.nan if kv_type == "f16" else 1.0
+    slots = np.arange(3, dtype=np.int32)
+    cpu_kv = cpu_allocate_kv(1, 4, kvh, hd, kv_type)
+    cpu_store_kv(cpu_kv, k, -k, slots)
+    o = ops()
+    kv = o.allocate_kv(1, 4, kvh, hd, kv_type)
+    o.store_kv(kv, o.upload(k), o.upload(-k), o.upload(slots))
+    for got, want in ((kv.k, cpu_kv.k), (kv.v, cpu_kv.v), (kv.k_scale, cpu_kv.k_scale)):
+        if want is not None:
+            np.testing.assert_array_equal(o.to_host(got), want)  # NaN where the CPU holds NaN
+    assert np.isfinite(o.to_host(kv.k)[0, :2].astype(np.float32)).all()
