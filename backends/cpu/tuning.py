@@ -39,7 +39,7 @@ DEFAULT_BUDGET_S = 3.0
 MARGIN = 0.03  # a variant must beat the default by 3% to replace it: ties and noise keep the default
 NOISY = 2.0  # samples of one variant further apart than this ratio: another process interfered
 MIN_ROUNDS, MAX_ROUNDS = 3, 15
-MAX_TENSORS = 32  # tensors of one shape cycled per sample: weights come from memory as in a forward pass
+MAX_TENSORS = 32  # tensors of one shape cycled per sample (gemv classes: copied past the cache, cold_weights.py)
 MIN_SAMPLE_S = 2e-4  # a sample repeats its pass over the tensors until it lasts this long
 TASK_FACTORS = (1, 4, 16, 64)  # task counts tried: these multiples of the thread count
 CROSSOVER_NS = (2, 4, 8, 16, 24, 32)  # batches at which gemv and gemm are compared
@@ -305,12 +305,15 @@ def _sampler(tensors: list, n: int, kernel: str | None = None, seed: int = 0):
     """(sample, first): sample(v) -> seconds of one pass of matmul_knobs over the tensors through
     `kernel` (None: the default's; repeated to MIN_SAMPLE_S), first: one such sample of the default."""
     from edged.backends.cpu.act_quant import quantize_activations
+    from edged.backends.cpu.cold_weights import dram_copies
     from edged.backends.cpu.matmul import gemv_max_n, kernels_for, matmul_knobs
     from edged.quant.types import traits
 
     w0 = tensors[0]
     m, k = w0.shape
     gemm = kernel == "gemm" or (kernel is None and n > gemv_max_n(w0.qtype))
+    if not gemm:  # decode reads each weight from DRAM: a shape whose tensors fit the cache gets copies
+        tensors = dram_copies(tensors)
     compiled = bool(kernels_for(w0.qtype)[1 if gemm else 0].signatures)
     x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)  # [n, k]
     qx = quantize_activations(x) if traits(w0.qtype).act_format == "q8_32" else None

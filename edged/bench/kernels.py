@@ -22,40 +22,11 @@ from dataclasses import asdict, dataclass
 import numba as nb
 import numpy as np
 
+from edged.backends.cpu.cold_weights import dram_copies
 from edged.quant.types import SUPPORTED_TYPES
 
 N_BATCH = 16
 DEFAULT_BW_BYTES = 1 << 30  # streaming buffer: far larger than the 32 MiB L3
-MAX_COPIES = 256  # cap on the copies of a small tensor cycled through for the forward-pass timing
-
-
-def last_level_cache_bytes() -> int:
-    """Size of the largest CPU cache (sysfs), or 32 MiB when the OS does not say."""
-    import glob
-
-    best = 0
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        try:
-            txt = open(path).read().strip().upper()
-        except OSError:
-            continue
-        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
-        digits = txt.rstrip("KMG")
-        if digits.isdigit():
-            best = max(best, int(digits) * mult)
-    return best or 32 << 20
-
-
-def dram_copies(w, cache_bytes: int | None = None) -> list:
-    """Copies of w totalling at least twice the last-level cache (w itself when it is that large):
-    cycling through them makes every call stream its weights from DRAM."""
-    from edged.quant.tensor import QTensor
-
-    need = 2 * (cache_bytes or last_level_cache_bytes())
-    n = min(MAX_COPIES, max(1, -(-need // max(1, w.data.nbytes))))
-    return [w] + [QTensor(w.name, w.qtype, w.shape, w.data.copy()) for _ in range(n - 1)]
-
-
 @nb.njit(nogil=True, cache=True, fastmath=True)
 def _chunk_sum(a):
     s = np.uint64(0)

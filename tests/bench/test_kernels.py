@@ -26,18 +26,6 @@ def test_bandwidth_and_one_row():
     json.dumps(result)  # JSON-able as `--json` prints it
 
 
-def test_dram_copies_exceed_twice_the_cache_in_separate_buffers():
-    w = random_qtensor(T.Q4_K, 8, 256)  # 8 x 144 bytes
-    copies = bench_kernels.dram_copies(w, cache_bytes=10_000)
-    assert copies[0] is w
-    assert sum(c.data.nbytes for c in copies) >= 20_000 > sum(c.data.nbytes for c in copies[1:])
-    assert len({c.data.ctypes.data for c in copies}) == len(copies)
-    assert all(np.array_equal(c.data, w.data) and c.shape == w.shape for c in copies)
-    big = random_qtensor(T.Q8_0, 64, 64)
-    assert bench_kernels.dram_copies(big, cache_bytes=100) == [big]
-    assert bench_kernels.last_level_cache_bytes() > 0
-
-
 def test_unsupported_type_is_skipped_with_a_note():
     bad = QTensor("w", T.Q8_1, (4, 256), np.zeros(4 * 8 * 36, np.uint8))  # a type edged has no kernel for
     assert bench_kernels.bench_tensor(bad, "synthetic", 1.0).note.startswith("skipped")
