@@ -192,6 +192,14 @@ def bench_single(servers: list[Server], repeat: int) -> dict:
     return {n: {k: {"median": statistics.median(v), "runs": v} for k, v in d.items()} for n, d in figs.items()}
 
 
+def _training_context(model: str) -> int:
+    """The model's `<arch>.context_length` (the longest context both servers are given)."""
+    from edged.quant.gguf import load_gguf
+
+    with load_gguf(model) as gf:
+        return gf.get_int(gf.arch_key("context_length"))
+
+
 def bench_long(servers: list[Server], context: int, repeat: int, gen: int) -> dict:
     """One stream whose prompt is ~`context` words: prefill tok/s (prompt tokens / TTFT) and decode
     tok/s at that depth (1 / median ITL), alternating servers; fresh words each run (no prefix hits)."""
@@ -287,8 +295,12 @@ def run(argv=None) -> int:
         results["contexts"] = {}
         print(f"{'context':>8} {'prompt tok':>10} {'prefill e/l tok/s':>20} {'ratio':>6} "
               f"{'decode e/l tok/s':>18} {'ratio':>6}")
+        train_ctx = _training_context(model)
         for c in (int(x) for x in a.contexts.split(",")):
             ctx = 2 * c + a.gen_tokens  # words tokenize to 1-2 tokens each
+            if ctx > train_ctx:  # edged caps --ctx at the model's context; llama-server would not
+                print(f"bench/peer.py: context {c}: --ctx {ctx} capped at the model's {train_ctx}", file=sys.stderr)
+                ctx = train_ctx
             servers = [start_edged(model, 1, ctx, logdir), start_llama(binary, model, 1, ctx, logdir)]
             try:
                 for s in servers:

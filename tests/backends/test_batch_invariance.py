@@ -3,16 +3,13 @@ give bit-identical rows, so greedy decoding alone equals decoding inside any bat
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.matmul import gemv_max_n, matmul
+from edged.backends.base import KV_TYPES
+from edged.backends.cpu.matmul import gemv_max_n, matmul, supported_types
 from tests.helpers.qdata import random_qtensor
 
-TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-         T.IQ4_XS, T.F32, T.F16, T.BF16]
 
-
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", supported_types(), ids=lambda t: t.name)  # every type with a kernel
 def test_rows_identical_alone_and_in_a_batch(qtype):
     k = 512
     w = random_qtensor(qtype, 37, k, seed=3)
@@ -23,7 +20,7 @@ def test_rows_identical_alone_and_in_a_batch(qtype):
         np.testing.assert_array_equal(alone[0], batched[t])
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kv_type", KV_TYPES)
 def test_attention_token_identical_alone_and_in_a_batch(kv_type):
     from edged.backends.base import Batch
     from edged.backends.cpu import allocate_kv, attention, store_kv
