@@ -44,10 +44,30 @@ def local(tiny):
     return lambda messages: len(tok.encode(chat.render(messages), add_special=True, parse_special=True))
 
 
+# SIGINT as a shell leaves it (Python's KeyboardInterrupt handler, not blocked): an ignored SIGINT is
+# inherited across exec, and Python then installs no handler of its own, so a disposition left behind
+# by an earlier test in this process would make the chat deaf to Ctrl-C
+_CHAT_MAIN = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); from edged.cli import main; main()")
+
+
 def _chat(args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "from edged.cli import main; main()", "chat", *args],
+    return subprocess.Popen([sys.executable, "-c", _CHAT_MAIN, "chat", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+
+
+def _exit_status(proc, timeout: float) -> int:
+    """proc's exit status within timeout; else it is killed and the failure shows its last output
+    and this process's SIGINT state (what the child inherited)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.stdout.read()[-2000:]
+        blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        raise AssertionError(f"the chat did not exit within {timeout} s (parent SIGINT handler "
+                             f"{signal.getsignal(signal.SIGINT)!r}, blocked {blocked}); its last output: {out!r}") from None
 
 
 def _turns(output: str) -> list[tuple[str, int | None, int, str]]:
@@ -180,7 +200,7 @@ def test_sigint_or_eof_at_the_prompt_leaves(tiny):
     proc.stdin.flush()
     _read_until(proc, b"Available commands", 300)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 0
+    assert _exit_status(proc, 60) == 0
     proc.stdout.close()
     proc.stdin.close()
     r = CliRunner().invoke(main, ["chat", tiny], input="")
