@@ -121,14 +121,18 @@ def rope(
     positions = np.ascontiguousarray(positions, dtype=np.int32)
     if positions.shape != (n,):
         raise ValueError(f"rope positions shape {positions.shape} does not match {n} tokens")
-    dim = _rope.rope_dim(p, hd)
-    table = _rope.cached_rope_table(p, dim)  # [3, dim/2]
+    args = rope_kernel_args(p, hd)
     if out is None:
         out = np.empty_like(x)
     elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("rope out must be a C-contiguous float32 array shaped like x")
-    (_rope_rows_serial if runs_serial(x) else _rope_rows)(
-        x, positions, dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base),
-        np.float32(p.freq_scale), table, _rope.rope_mscale(p), out,
-    )
+    (_rope_rows_serial if runs_serial(x) else _rope_rows)(x, positions, *args, out)
     return out
+
+
+def rope_kernel_args(p: RopeParams, hd: int) -> tuple:
+    """The rope kernels' arguments between positions and out: (n_dims, neox, theta_scale,
+    freq_scale, table float32 [3, n_dims/2], mscale)."""
+    dim = _rope.rope_dim(p, hd)
+    return (dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base), np.float32(p.freq_scale),
+            _rope.cached_rope_table(p, dim), _rope.rope_mscale(p))

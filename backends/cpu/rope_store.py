@@ -12,12 +12,11 @@ from types import SimpleNamespace
 import numba as nb
 import numpy as np
 
-from edged.backends import rope as _rope
 from edged.backends.base import LayerKV, RopeParams, rope_store_kv_by_ops
 from edged.backends.cpu import kv_codec
 from edged.backends.cpu.attention import store_kv
 from edged.backends.cpu.kernel_threads import runs_serial
-from edged.backends.cpu.norm_rope import _rms_norm_rows_serial, _rope_rows_serial, rms_norm, rope
+from edged.backends.cpu.norm_rope import _rms_norm_rows_serial, _rope_rows_serial, rms_norm, rope, rope_kernel_args
 
 _NO_NORM = np.zeros(0, np.float32)
 _POOL_OPS = SimpleNamespace(rms_norm=rms_norm, rope=rope, store_kv=store_kv)  # a prefill's thread-pool ops
@@ -71,14 +70,10 @@ def rope_store_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: LayerKV, posi
     _check(q, k, v, kv, positions, slots, q_norm, k_norm)
     if not (runs_serial(q) and runs_serial(k)):  # a prefill: the thread-pool ops
         return rope_store_kv_by_ops(_POOL_OPS, q, k, v, kv, positions, slots, p, eps, q_norm, k_norm)
-    hd = q.shape[2]
-    dim = _rope.rope_dim(p, hd)
     qo, ko = np.empty_like(q), np.empty_like(k)
     bad = _rope_store_serial(
         q, k, v, _NO_NORM if q_norm is None else _f32(q_norm), _NO_NORM if k_norm is None else _f32(k_norm),
-        np.float32(eps), positions, dim, bool(p.neox), _rope.rope_theta_scale(dim, p.freq_base),
-        np.float32(p.freq_scale), _rope.cached_rope_table(p, dim), _rope.rope_mscale(p),
-        *kv_codec.kernel_arrays(kv), slots, qo, ko)
+        np.float32(eps), positions, *rope_kernel_args(p, q.shape[2]), *kv_codec.kernel_arrays(kv), slots, qo, ko)
     if bad:
         raise ValueError(f"store_kv: slot out of range (cache holds {kv.k.shape[0] * kv.k.shape[1]} slots)")
     return qo
