@@ -19,18 +19,26 @@ TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 lanes
 GROUPS = 8  # 4-byte groups in a 32-element block
 
 
-def _tile_block_int(builder, words_ptr, xb):
-    """<16 x i32> block sums of 16 tokens: 8 weight words at i8* words_ptr (broadcast from memory)
-    against a 4-interleaved 512-byte tile block at i8* xb."""
-    # four independent accumulator chains: one chain of 8 dependent vpdpbusd is latency-bound
-    accs = [ir.Constant(V16I32, None)] * 4
+def _tile_block_int(builder, words_ptrs, xb):
+    """[<16 x i32>] per row: block sums of 16 tokens, 8 weight words at each i8* of words_ptrs
+    (broadcast from memory) against a 4-interleaved 512-byte tile block at i8* xb (each
+    activation vector loaded once for all rows)."""
+    # independent accumulator chains: one chain of 8 dependent vpdpbusd is latency-bound
+    chains = 4 // len(words_ptrs)
+    accs = [[ir.Constant(V16I32, None)] * chains for _ in words_ptrs]
     for g in range(GROUPS):
-        wword = builder.load(builder.bitcast(builder.gep(words_ptr, [ir.Constant(I32, 4 * g)]), I32.as_pointer()), align=1)
-        wvec = builder.insert_element(ir.Constant(V16I32, ir.Undefined), wword, ir.Constant(I32, 0))
-        wvec = builder.shuffle_vector(wvec, ir.Constant(V16I32, ir.Undefined), ir.Constant(V16I32, [0] * 16))
         xvec = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(I32, 64 * g)]), V16I32.as_pointer()), align=1)
-        accs[g % 4] = vir.dpbusd(builder, accs[g % 4], wvec, xvec)
-    return builder.add(builder.add(accs[0], accs[1]), builder.add(accs[2], accs[3]))
+        for r, wp in enumerate(words_ptrs):
+            wword = builder.load(builder.bitcast(builder.gep(wp, [ir.Constant(I32, 4 * g)]), I32.as_pointer()), align=1)
+            wvec = builder.insert_element(ir.Constant(V16I32, ir.Undefined), wword, ir.Constant(I32, 0))
+            wvec = builder.shuffle_vector(wvec, ir.Constant(V16I32, ir.Undefined), ir.Constant(V16I32, [0] * 16))
+            accs[r][g % chains] = vir.dpbusd(builder, accs[r][g % chains], wvec, xvec)
+    out = []
+    for a in accs:
+        while len(a) > 1:
+            a = [builder.add(a[i], a[i + len(a) // 2]) for i in range(len(a) // 2)]
+        out.append(a[0])
+    return out
 
 
 def _tile_term(builder, s, d, c, xdp, xsp, b):
@@ -43,74 +51,106 @@ def _tile_term(builder, s, d, c, xdp, xsp, b):
     return builder.fmul(xdv, builder.fadd(builder.fmul(vir.splat(builder, d, v16f), sf), builder.fmul(vir.splat(builder, c, v16f), xsv)))
 
 
-def _tile_sum8(builder, nblk, term):
-    """Σ_b term(b) (<16 x float> per block) in the canonical 8-lane order, for b < nblk."""
+def _tile_sum8(builder, nblk, term, nrows):
+    """Per row, Σ_b term(b)[row] (<16 x float> per block and row) in the canonical 8-lane order,
+    for b < nblk."""
     v16f = ir.VectorType(ir.FloatType(), 16)
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(v16f, None)) for _ in range(8)]
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(v16f, None)) for _ in range(8)] for _ in range(nrows)]
+
+    def add(b, j):
+        for acc, t in zip(accs, term(b)):
+            builder.store(builder.fadd(builder.load(acc[j]), t), acc[j])
+
     eight = ir.Constant(nblk.type, 8)
     ngroup = builder.udiv(nblk, eight)
     with cgutils.for_range(builder, ngroup) as loop:
         base = builder.mul(loop.index, eight)
         for j in range(8):  # unrolled: 8 independent add chains
-            t = term(builder.add(base, ir.Constant(base.type, j)))
-            builder.store(builder.fadd(builder.load(accs[j]), t), accs[j])
+            add(builder.add(base, ir.Constant(base.type, j)), j)
     base = builder.mul(ngroup, eight)
     rem = builder.sub(nblk, base)
     for j in range(7):
         with builder.if_then(builder.icmp_unsigned(">", rem, ir.Constant(rem.type, j))):
-            t = term(builder.add(base, ir.Constant(base.type, j)))
-            builder.store(builder.fadd(builder.load(accs[j]), t), accs[j])
-    return tree8_vectors(builder, [builder.load(a) for a in accs])
+            add(builder.add(base, ir.Constant(base.type, j)), j)
+    return [tree8_vectors(builder, [builder.load(a) for a in acc]) for acc in accs]
 
 
-def _emit_row_tile(context, builder, signature, args, layout):
-    ra, _, xa, xda, xsa, oa = args
+def _emit_row_tile(context, builder, signature, args, layout, nrows, pf=False):
+    """out[16·r + t] = row r · token t for the nrows raw rows in args[:nrows] (then kind, xi,
+    xdt, xst, out[, pf]); each block's activations are loaded once for all the rows. With pf,
+    each block step prefetches every row's bytes pf ahead when pf > 0."""
+    ra, (xa, xda, xsa, oa) = args[:nrows], args[nrows + 1:nrows + 5]
     at = signature.args
+    xat, xdat, xsat, oat = at[nrows + 1:nrows + 5]
+    i64 = ir.IntType(64)
+    pfv = vir.as_i64(context, builder, args[-1], at[-1]) if pf else None
     v8i32 = ir.VectorType(I32, 8)
     size = layout[0]
-    nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 0)
+    nblk = builder.extract_value(context.make_array(xdat)(context, builder, xda).shape, 0)
     nblk = builder.udiv(nblk, ir.Constant(nblk.type, TOKENS))
-    rp = vir.base_ptr(context, builder, at[0], ra, ir.Constant(ir.IntType(64), 0))
-    xp = vir.base_ptr(context, builder, at[2], xa, ir.Constant(ir.IntType(64), 0))
-    xdp, xsp = vir.f32_ptr(context, builder, at[3], xda), vir.f32_ptr(context, builder, at[4], xsa)
-    wbuf = cgutils.alloca_once(builder, v8i32)  # decoded block: weights broadcast from memory
+    rps = [vir.base_ptr(context, builder, at[r], ra[r], ir.Constant(ir.IntType(64), 0)) for r in range(nrows)]
+    xp = vir.base_ptr(context, builder, xat, xa, ir.Constant(ir.IntType(64), 0))
+    xdp, xsp = vir.f32_ptr(context, builder, xdat, xda), vir.f32_ptr(context, builder, xsat, xsa)
+    wbufs = [cgutils.alloca_once(builder, v8i32) for _ in range(nrows)]  # decoded blocks: weights broadcast from memory
 
     def term(b):
-        blk = builder.gep(rp, [builder.mul(b, ir.Constant(b.type, size))])
-        builder.store(builder.bitcast(block_u8(builder, blk, layout), v8i32), wbuf)
+        boff = builder.mul(builder.zext(b, i64) if b.type.width < 64 else b, ir.Constant(i64, size))
+        blks = [builder.gep(rp, [boff]) for rp in rps]
+        if pf:
+            with builder.if_then(builder.icmp_signed(">", pfv, ir.Constant(i64, 0))):
+                for rp in rps:
+                    vir.prefetch_lines(builder, rp, builder.add(boff, pfv), size)
+        for blk, wbuf in zip(blks, wbufs):
+            builder.store(builder.bitcast(block_u8(builder, blk, layout), v8i32), wbuf)
         xb = builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))])
-        s = _tile_block_int(builder, builder.bitcast(wbuf, I8.as_pointer()), xb)
-        d, c = block_scale_bias(builder, blk, layout)
-        return _tile_term(builder, s, d, c, xdp, xsp, b)
+        sums = _tile_block_int(builder, [builder.bitcast(wb, I8.as_pointer()) for wb in wbufs], xb)
+        return [_tile_term(builder, s, *block_scale_bias(builder, blk, layout), xdp, xsp, b) for s, blk in zip(sums, blks)]
 
-    tot = _tile_sum8(builder, nblk, term)
-    builder.store(tot, builder.bitcast(vir.f32_ptr(context, builder, at[5], oa), tot.type.as_pointer()), align=4)
+    op = vir.f32_ptr(context, builder, oat, oa)
+    for r, tot in enumerate(_tile_sum8(builder, nblk, term, nrows)):
+        dst = builder.gep(op, [ir.Constant(I32, TOKENS * r)])
+        builder.store(tot, builder.bitcast(dst, tot.type.as_pointer()), align=4)
 
 
-@intrinsic
-def _row_tile_dot_raw8(typingctx, row, kind, xi, xdt, xst, out):
-    """out[t] = row · token t of the tile (see row_tile_dot_raw8)."""
+def _tile_codegen(kind, nrows, pf=False):
+    """The codegen of a row-tile intrinsic over nrows rows: one body for a compile-time kind, or
+    one per layout behind a run-time switch."""
+    def codegen(context, builder, signature, args):
+        if isinstance(kind, types.IntegerLiteral):
+            _emit_row_tile(context, builder, signature, args, LAYOUTS[kind.literal_value], nrows, pf)
+        else:
+            vir.emit_switch(builder, args[nrows], {
+                k: (lambda lay=lay: _emit_row_tile(context, builder, signature, args, lay, nrows, pf))
+                for k, lay in LAYOUTS.items()})
+        return context.get_dummy_value()
+    return codegen
+
+
+def _tile_args_ok(rows, kind, xi, xdt, xst, out):
     f32a = lambda a: isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1  # noqa: E731
-    ok = (
-        isinstance(row, types.Array) and row.dtype == types.uint8 and row.ndim == 1
+    return (
+        all(isinstance(r, types.Array) and r.dtype == types.uint8 and r.ndim == 1 for r in rows)
         and isinstance(kind, types.Integer)
         and (not isinstance(kind, types.IntegerLiteral) or kind.literal_value in LAYOUTS)
         and isinstance(xi, types.Array) and xi.dtype == types.int8 and xi.ndim == 1
         and f32a(xdt) and f32a(xst) and f32a(out)
     )
-    if not ok:
+
+
+@intrinsic
+def _row_tile_dot_raw8(typingctx, row, kind, xi, xdt, xst, out):
+    """out[t] = row · token t of the tile (see row_tile_dot_raw8)."""
+    if not _tile_args_ok((row,), kind, xi, xdt, xst, out):
         return None
-    sig = types.void(row, kind, xi, xdt, xst, out)
+    return types.void(row, kind, xi, xdt, xst, out), _tile_codegen(kind, 1)
 
-    def codegen(context, builder, signature, args):
-        if isinstance(kind, types.IntegerLiteral):
-            _emit_row_tile(context, builder, signature, args, LAYOUTS[kind.literal_value])
-        else:  # a run-time kind: one compiled body per layout behind a switch
-            vir.emit_switch(builder, args[1], {
-                k: (lambda lay=lay: _emit_row_tile(context, builder, signature, args, lay)) for k, lay in LAYOUTS.items()})
-        return context.get_dummy_value()
 
-    return sig, codegen
+@intrinsic
+def _rows2_tile_dot_raw8(typingctx, row0, row1, kind, xi, xdt, xst, out, pf):
+    """out[16·r + t] = row r · token t of the tile (see rows2_tile_dot_raw8)."""
+    if not (_tile_args_ok((row0, row1), kind, xi, xdt, xst, out) and isinstance(pf, types.Integer)):
+        return None
+    return types.void(row0, row1, kind, xi, xdt, xst, out, pf), _tile_codegen(kind, 2, pf=True)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -120,3 +160,11 @@ def row_tile_dot_raw8(row, kind, xi, xdt, xst, out):
     a tile: xi int8 [k/32 · 512] 4-interleaved activations, xdt float32 [k/32 · 16] their block
     scales, xst float32 [k/32 · 16] their block sums."""
     _row_tile_dot_raw8(row, kind, xi, xdt, xst, out)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def rows2_tile_dot_raw8(row0, row1, kind, xi, xdt, xst, out, pf):
+    """row_tile_dot_raw8 of two rows at once (out float32 [32]: row0's 16 tokens, then row1's),
+    each tile block's activations loaded once for both; the same bits as two single-row calls.
+    pf > 0: each block step prefetches both rows' bytes pf ahead (a knob for weights read from DRAM)."""
+    _rows2_tile_dot_raw8(row0, row1, kind, xi, xdt, xst, out, pf)
