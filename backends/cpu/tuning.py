@@ -37,6 +37,7 @@ from edged.quant.tensor import QTensor
 FORMAT = 1
 DEFAULT_BUDGET_S = 3.0
 MARGIN = 0.03  # a variant must beat the default by 3% to replace it: ties and noise keep the default
+WIN_SHARE = 2 / 3  # ... and be faster than the default in this share of the rounds (paired, same round)
 NOISY = 2.0  # samples of one variant further apart than this ratio: another process interfered
 MIN_ROUNDS, MAX_ROUNDS = 3, 15
 MAX_TENSORS = 32  # tensors of one shape cycled per sample (gemv classes: copied past the cache, cold_weights.py)
@@ -351,27 +352,37 @@ def sample_rounds(sample, vs: list, budget: float) -> dict:
     return times
 
 
-def time_variants(sample, vs: list, budget: float) -> dict:
-    """{variant: median seconds} of sample_rounds."""
-    return {v: float(np.median(t)) for v, t in sample_rounds(sample, vs, budget).items()}
-
-
 def _noisy(samples) -> bool:
     return max(samples) > NOISY * min(samples)
 
 
-def _pick(med: dict) -> Variant:
-    best = min(med, key=med.get)
-    return best if med[best] < (1 - MARGIN) * med[DEFAULT] else DEFAULT
+def _beats(a: list, b: list) -> tuple[float, bool]:
+    """(median over rounds of a / b, whether a beats b): samples paired by round, so a drift of
+    the machine between rounds cancels; a beats b when that median is MARGIN below 1 and a was
+    the faster in WIN_SHARE of the rounds (one lucky round does not decide)."""
+    ratios = [x / y for x, y in zip(a, b)]
+    share = sum(r < 1.0 for r in ratios) / len(ratios)
+    rel = float(np.median(ratios))
+    return rel, rel < 1 - MARGIN and share >= WIN_SHARE
 
 
-def _combined(med: dict) -> Variant | None:
+def _relative(rounds: dict) -> dict:
+    """{variant: (time relative to the default, beats the default)} from sample_rounds' rounds."""
+    return {v: _beats(t, rounds[DEFAULT]) for v, t in rounds.items()}
+
+
+def _pick(rel: dict) -> Variant:
+    wins = [v for v, (_, beats) in rel.items() if beats]
+    return min(wins, key=lambda v: rel[v][0]) if wins else DEFAULT
+
+
+def _combined(rel: dict) -> Variant | None:
     """The winners of each knob joined, when at least two knobs each beat the default."""
     fields = {}
     for f in ("tasks", "prefetch", "mode", "threads"):
-        cands = [v for v in med if getattr(v, f) and med[v] < (1 - MARGIN) * med[DEFAULT]]
+        cands = [v for v in rel if getattr(v, f) and rel[v][1]]
         if cands:
-            fields[f] = getattr(min(cands, key=med.get), f)
+            fields[f] = getattr(min(cands, key=lambda v: rel[v][0]), f)
     return Variant(**fields) if len(fields) >= 2 else None
 
 
@@ -380,13 +391,14 @@ def tune_class(sample, vs: list, budget: float) -> dict:
     The default stays when its samples or the winner's spread past NOISY ("noisy": true)."""
     rounds = sample_rounds(sample, vs, budget * 0.8)
     med = {v: float(np.median(t)) for v, t in rounds.items()}
-    choice = _pick(med)
-    combo = _combined(med)
-    if combo is not None and combo not in med:
-        extra = time_variants(sample, [DEFAULT, choice, combo] if choice != DEFAULT else [DEFAULT, combo],
-                              budget * 0.2)
-        med[combo] = extra[combo] * med[DEFAULT] / extra[DEFAULT]  # on the first rounds' scale
-        choice = _pick(med)
+    rel = _relative(rounds)
+    choice = _pick(rel)
+    combo = _combined(rel)
+    if combo is not None and combo not in rel:
+        extra = sample_rounds(sample, [DEFAULT, combo], budget * 0.2)  # paired with the default again
+        rel[combo] = _beats(extra[combo], extra[DEFAULT])
+        med[combo] = float(np.median(extra[combo]))
+        choice = _pick(rel)
     noisy = _noisy(rounds[DEFAULT]) or (choice in rounds and _noisy(rounds[choice]))
     entry = {"choice": DEFAULT.label if noisy else choice.label, "knobs": list((DEFAULT if noisy else choice).knobs),
              "ms": {v.label: round(t * 1e3, 4) for v, t in med.items()}}
@@ -521,18 +533,18 @@ def _tune_all(todo, groups, shapes, budget, log) -> None:
 
 def tune_crossover(samplers: dict, default_max_n: int, budget: float) -> dict:
     """The crossover entry: {"gemv_max_n", "ms"}. samplers: {n: ((gemv sample, _), (gemm sample, _))}.
-    Each n keeps its default kernel (gemv up to default_max_n) unless the other is MARGIN faster;
+    Each n keeps its default kernel (gemv up to default_max_n) unless the other beats it (_beats);
     gemv_max_n is the last n of the run of gemv batches from the smallest (1: gemm from n = 2)."""
     runs = [(n, kern, smp[0]) for n, pair in sorted(samplers.items()) for kern, smp in zip(("gemv", "gemm"), pair)]
     rounds = sample_rounds(lambda r: r[2](DEFAULT), runs, budget)
     ms = {f"{kern} n={n}": round(float(np.median(t)) * 1e3, 4) for (n, kern, _), t in rounds.items()}
     if any(_noisy(t) for t in rounds.values()):
         return {"gemv_max_n": default_max_n, "ms": ms, "noisy": True}
-    times = {(n, kern): float(np.median(t)) for (n, kern, _), t in rounds.items()}
+    times = {(n, kern): t for (n, kern, _), t in rounds.items()}
     max_n = 1
     for n in sorted(samplers):
         gv, gm = times[(n, "gemv")], times[(n, "gemm")]
-        if not (gm >= (1 - MARGIN) * gv if n <= default_max_n else gv < (1 - MARGIN) * gm):
+        if _beats(gm, gv)[1] if n <= default_max_n else not _beats(gv, gm)[1]:
             break
         max_n = n
     return {"gemv_max_n": max_n, "ms": ms}

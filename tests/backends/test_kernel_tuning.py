@@ -201,6 +201,38 @@ def test_noisy_samples_keep_the_default(monkeypatch):
     assert steady["choice"] == "tasks=2" and "noisy" not in steady
 
 
+def _per_round(times: dict):
+    """A sampler returning times[variant][r] at round r (each variant is sampled once a round)."""
+    its = {v: iter(t) for v, t in times.items()}
+    return lambda v: next(its[v])
+
+
+@pytest.mark.parametrize("default, other, taken", [
+    # 1% slower than the default in every round, though its median is far below the default's
+    # (the machine slowed down in two rounds between the two samples): not taken
+    ([1.0, 1.4, 1.4], [1.01, 1.01, 1.414], False),
+    # 10% faster in the median ratio but slower in 2 of 5 rounds: not a steady win
+    ([1.0] * 5, [0.5, 0.5, 0.9, 1.1, 1.1], False),
+    # faster in every round by 10%, whatever the drift: taken
+    ([1.0, 1.5, 1.2, 1.5, 1.0], [0.9, 1.35, 1.08, 1.35, 0.9], True),
+], ids=["unpaired-median-misleads", "unsteady", "steady-under-drift"])
+def test_a_variant_must_beat_the_default_round_by_round(monkeypatch, default, other, taken):
+    monkeypatch.setattr(tuning, "MIN_ROUNDS", len(default))
+    monkeypatch.setattr(tuning, "MAX_ROUNDS", len(default))
+    fast = tuning.Variant(tasks=2)
+    entry = tuning.tune_class(_per_round({tuning.DEFAULT: default, fast: other}), [tuning.DEFAULT, fast], budget=0.0)
+    assert entry["choice"] == ("tasks=2" if taken else "default") and "noisy" not in entry
+
+
+def test_crossover_is_paired_by_round(monkeypatch):
+    """gemm 1% slower than the gemv at n = 2 in every round, its median far lower: the gemv stays."""
+    monkeypatch.setattr(tuning, "MIN_ROUNDS", 3)
+    monkeypatch.setattr(tuning, "MAX_ROUNDS", 3)
+    gv, gm = iter([1.0, 1.4, 1.4]), iter([1.01, 1.01, 1.414])
+    samplers = {2: ((lambda v: next(gv), 0.0), (lambda v: next(gm), 0.0))}
+    assert tuning.tune_crossover(samplers, 4, budget=0.0)["gemv_max_n"] == 2
+
+
 def test_budget_skips_what_does_not_fit(cache_dir):
     out = tuning.ensure(_tensors()[:1], budget=0.0)
     entries = out["shapes"]["Q8_0 24x64"]
