@@ -1,4 +1,5 @@
-"""The legacy types' gemm tile: one raw weight row · a 16-token tile (row_tile_dot_raw8).
+"""The legacy types' gemm tile: one raw weight row · a 16-token tile (row_tile_dot_raw8), or two
+rows sharing each block's activation loads (rows2_tile_dot_raw8, the same bits per row).
 
 The tile's int8 activations are "4-interleaved" ([block][8 groups][16 tokens][4 bytes]), so each
 block is 8 vpdpbusd of a broadcast 4-byte weight word against 16 token lanes: no horizontal sum

@@ -14,9 +14,9 @@ activations repacked once per call (legacy_gemv.repack_groups8; a last group of 
 k = 640, packs two tokens into each vector, so it costs half a group per token).
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
-per-block scales and sums), then legacy_gemm_tile.row_tile_dot_raw8 multiplies each raw weight row
-by every tile — blocks decoded in registers, 8 vpdpbusd per block giving 16 token lanes, no
-per-token horizontal sums.
+per-block scales and sums), then legacy_gemm_tile's row tiles multiply each raw weight row (two
+at a time when a pass has several tiles) by every tile — blocks decoded in registers, 8 vpdpbusd
+per block giving 16 token lanes, no per-token horizontal sums.
 
 Blocks (legacy_blocks.LAYOUTS): Q8_0 fp16 d, 32 int8 q, w = d·q (read as q ^ 0x80 = q + 128, fixed
 by -128·Σx); Q4_0 fp16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31), w = d·(q - 8);
