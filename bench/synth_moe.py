@@ -3,7 +3,8 @@ proportions for the MoE benchmark (issue 19): 24 layers, 32 experts, top-4, n_em
 (~1.5 GB). The tokenizer is copied from a real model (default: the store's SmolLM2 file), so both engines
 take the same text prompts (bench/peer.py --model OUT.gguf).
 
-Usage: python bench/synth_moe.py OUT.gguf [--layers 24] [--experts 32] [--top-k 4] [--tokenizer-from GGUF]
+Usage: python bench/synth_moe.py OUT.gguf [--layers 24] [--experts 32] [--top-k 4] [--expert-type Q4_K]
+       [--tokenizer-from GGUF]
 """
 
 import argparse
@@ -35,7 +36,7 @@ def _copy_tokenizer(wr: gguf.GGUFWriter, src: str) -> int:
 
 
 def write(path: str, tokenizer_from: str, n_layers: int = 24, n_expert: int = 32, top_k: int = 4,
-          seed: int = 0) -> str:
+          seed: int = 0, expert_type: T = T.Q4_K) -> str:
     wr = gguf.GGUFWriter(path, "qwen3moe")
     wr.add_name(f"synthetic qwen3moe {n_layers}L {n_expert}x{top_k} (random weights)")
     vocab = _copy_tokenizer(wr, tokenizer_from)
@@ -67,9 +68,9 @@ def write(path: str, tokenizer_from: str, n_layers: int = 24, n_expert: int = 32
         st.norm(f"{p}.attn_k_norm.weight", HEAD_DIM)
         st.norm(f"{p}.ffn_norm.weight", N_EMBD)
         st.normal(f"{p}.ffn_gate_inp.weight", (n_expert, N_EMBD), 0.05)
-        st.quant(f"{p}.ffn_gate_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
-        st.quant(f"{p}.ffn_up_exps.weight", T.Q4_K, (n_expert, N_FF_EXP, N_EMBD))
-        st.quant(f"{p}.ffn_down_exps.weight", T.Q4_K, (n_expert, N_EMBD, N_FF_EXP))
+        st.quant(f"{p}.ffn_gate_exps.weight", expert_type, (n_expert, N_FF_EXP, N_EMBD))
+        st.quant(f"{p}.ffn_up_exps.weight", expert_type, (n_expert, N_FF_EXP, N_EMBD))
+        st.quant(f"{p}.ffn_down_exps.weight", expert_type, (n_expert, N_EMBD, N_FF_EXP))
     st.finish()
     return path
 
@@ -80,6 +81,8 @@ if __name__ == "__main__":
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--expert-type", default="Q4_K", choices=[t.name for t in T],
+                    help="the experts' tensor type (e.g. Q8_0, as Q8_0 downloads of MoE models have)")
     ap.add_argument("--tokenizer-from", default=None, help="GGUF whose tokenizer to copy (default: SmolLM2)")
     a = ap.parse_args()
     src = a.tokenizer_from
@@ -87,4 +90,4 @@ if __name__ == "__main__":
         from edged.model_path import resolve_model_path
 
         src = str(resolve_model_path("smollm2-135m-instruct"))
-    print(write(a.out, src, a.layers, a.experts, a.top_k))
+    print(write(a.out, src, a.layers, a.experts, a.top_k, expert_type=T[a.expert_type]))

@@ -4,10 +4,11 @@ mul_mat_id).
 The (token, expert) pairs come grouped by expert; group g's pairs cuts[g]:cuts[g+1] multiply
 expert experts[g]'s slab of the stacked 3-D tensor. At decode a layer has k groups of one row,
 where one matmul per expert and weight paid a Python call, a quantization of the same x and a
-thread-pool start each; here x is quantized once and, for the K-quants and IQ4_XS, all small
-groups of up to two weights (gate and up) run in one parallel kernel over (weight, group, rows)
-built on kquant_gemv.rows_dot. Groups larger than matmul's gemv threshold, and other types, go
-through matmul per group with the shared quantization. Either way each output row is the one
+thread-pool start each; here x is quantized once and all small groups of up to two weights (gate
+and up) run in one parallel kernel over (weight, group, rows): built on kquant_gemv.rows_dot for
+the K-quants and IQ4_XS, on legacy_gemv.rows_dot8 for Q4_0 .. Q8_0 and IQ4_NL (one compiled kernel
+per type, as their gemv). Groups larger than matmul's gemv threshold, and other types, go through
+matmul per group with the shared quantization. Either way each output row is the one
 matmul of that expert gives it (the gemv's float order is the gemm's): bit-identical, so batch
 invariance holds.
 """
@@ -16,9 +17,12 @@ import numba as nb
 import numpy as np
 
 from edged.backends.cpu.act_quant import quantize_activations
+from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot
+from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
 from edged.backends.cpu.matmul import gemv_max_n, matmul, takes_q8
 from edged.backends.cpu.matmul_kquants import GEMV_ROWS, KINDS, QK_K, gemv_operands
+from edged.backends.cpu.matmul_legacy import KIND as LEGACY_KINDS
 from edged.quant.tensor import QTensor
 
 
@@ -59,6 +63,60 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind):
                 rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf, nf, nsb,
                          y, t * m + r, t * m + r1, m)
                 t += nt
+
+
+@nb.njit(cache=True, nogil=True)
+def _prepare_legacy(xq, xd, xs, rows, cuts, small):
+    """rows_dot8's operands of each small group: x's rows in pair order (xg int8 [P, k], xdg
+    float32 and xsg int32 [P, k/32]), and xt int8 [token pairs, ceil(k/256) · 512] with group g's
+    pairs repacked (repack_groups8) at xt[poff[g] : poff[g+1]]; poff int64 [g+1]."""
+    xg, xdg, xsg = xq[rows], xd[rows], xs[rows]
+    ng = cuts.shape[0] - 1
+    poff = np.zeros(ng + 1, np.int64)
+    for g in range(ng):
+        poff[g + 1] = poff[g] + ((cuts[g + 1] - cuts[g] + 1) // 2 if small[g] else 0)
+    k = xq.shape[1]
+    xt = empty_aligned(max(1, poff[ng]), ((k // 32 + 7) // 8) * 512, np.int8)  # [pairs, groups · 512]
+    for g in range(ng):
+        if small[g]:
+            repack_groups8(xg[cuts[g]:cuts[g + 1]], xt[poff[g]:poff[g + 1]])
+    return xg, xdg, xsg, xt, poff
+
+
+# bytes ahead that the legacy experts kernel prefetches: expert slabs are read cold, one token's
+# worth at a time (1.18x decode on a Q8_0-expert MoE, docs/BENCHMARKS.md); the matmul gemv's own
+# prefetch knob is tuned per shape, which this kernel's (group, rows) tasks do not go through
+EXPERT_PREFETCH = 4096
+
+
+def _make_experts_gemv_legacy(qtype):
+    """_experts_gemv's counterpart for one legacy type over rows_dot8, whose block layout is a
+    compile-time constant (so each type compiles its own, named for it in the cache)."""
+    kind = LEGACY_KINDS[qtype]
+
+    def experts(w0, w1, nw, m, xg, xd, xs, xt, poff, experts, cuts, small, y0, y1):
+        ng = experts.shape[0]
+        ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
+        for it in nb.prange(nw * ng * ntask):
+            j = it // (ng * ntask)
+            g = (it // ntask) % ng
+            if not small[g]:
+                continue
+            task = it % ntask
+            w = w0 if j == 0 else w1
+            y = (y0 if j == 0 else y1)[cuts[g]:cuts[g + 1]]  # [group pairs, m]
+            a, b = cuts[g], cuts[g + 1]
+            acc = empty_aligned(1, 8 * (b - a), np.float32)[0]  # [pairs, 8] lane accumulators
+            base = experts[g] * m
+            for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
+                rows_dot8(w[base + r], kind, xt[poff[g]:poff[g + 1]], xg[a:b], xd[a:b], xs[a:b], acc, y, r, EXPERT_PREFETCH, 0)
+
+    name = f"experts_gemv_{qtype.name.lower()}"
+    experts.__name__ = experts.__qualname__ = name
+    return nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)(experts)
+
+
+_EXPERTS_LEGACY = {qtype: _make_experts_gemv_legacy(qtype) for qtype in LEGACY_KINDS}
 
 
 @nb.njit(cache=True, nogil=True)
@@ -116,7 +174,7 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     n_expert, m, _ = ws[0].shape
     qtype = ws[0].qtype
     kind = KINDS.get(qtype)
-    fused = kind is not None and all(w.qtype == qtype for w in ws)
+    fused = (kind is not None or qtype in _EXPERTS_LEGACY) and all(w.qtype == qtype for w in ws)
     err, small, n_small = _small_groups(rows, experts, cuts, x.shape[0], n_expert, gemv_max_n(qtype) if fused else 0)
     if err:
         raise ValueError("moe_matmul: " + _GROUP_ERRORS[err].format(e=n_expert, n=x.shape[0]))
@@ -126,7 +184,11 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
         return ys
     q8 = [takes_q8(w.qtype) for w in ws]  # unknown types: matmul names them
     qx = quantize_activations(x) if any(q8) else None  # once for every expert and weight
-    if n_small:
+    if n_small and kind is None:
+        xg, xd, xs, xt, poff = _prepare_legacy(*qx, rows, cuts, small)
+        _EXPERTS_LEGACY[qtype](ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xd, xs, xt, poff, experts, cuts, small,
+                               ys[0], ys[-1])
+    elif n_small:
         xg, xa, xb = _prepare(*qx, rows, kind)
         _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1], kind)
     for g in (np.flatnonzero(small == 0) if n_small < len(small) else ()):  # large groups, other types: matmul each
