@@ -68,6 +68,19 @@ def _pad_units(xq, xd, xs, units):
 # ------------------------------------------------------------------------------- gemv
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def gemv_operands(xq, xd, xs, kind, units):
+    """rows_dot's activation operands of quantized x [n, k] for weights of `kind` whose rows span
+    `units` superblocks (the last maybe partial): x zero-padded to units · 256 and, for IQ1_M,
+    (xq, per-16 scales, bias terms [n, k/16]); for the others x in the rows dot's block layout
+    and (scale, scale × block sum) [n, k/32]."""
+    xq, xd, xs = _pad_units(xq, xd, xs, units)
+    if kind == KIND_IQ1M:
+        xa, xb = _half_terms(xq, xd, xs, IQ1M_BIAS)  # [n, k/16] each
+        return xq, xa, xb
+    return interleave_blocks(xq), xd, _block_sums(xd, xs)  # [n, k], [n, k/32] x 2
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
 def gemv_lowbit(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T for every low-bit type (`kind`, a lowbit_unpack KIND_*), meant for small n:
@@ -76,14 +89,9 @@ def gemv_lowbit(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     prev = fewer_threads(threads)
     m, rb = w.shape
     nsb, tail = _split_row(kind, rb)
-    xq, xd, xs = _pad_units(xq, xd, xs, nsb + (1 if tail else 0))
-    n, k = xq.shape
-    if kind == KIND_IQ1M:
-        xa, xb = _half_terms(xq, xd, xs, IQ1M_BIAS)  # [n, k/16] each
-        x = xq
-    else:
-        xa, xb = xd, _block_sums(xd, xs)  # [n, k/32] each
-        x = interleave_blocks(xq)  # [n, k] in the rows dot's block layout
+    x, xa, xb = gemv_operands(xq, xd, xs, kind, nsb + (1 if tail else 0))
+    n = xq.shape[0]
+    k = x.shape[1]
     yo = y
     if n % GEMV_TOKENS == 3:  # a last group of 3 runs as 4 (its third token twice): cheaper than 2 + 1
         x, xa, xb = _dup_last(x), _dup_last(xa), _dup_last(xb)
@@ -173,5 +181,8 @@ def gemm_lowbit(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     restore_threads(prev)
 
 
-KERNELS = {qtype: (bind("gemv", qtype, gemv_lowbit, kind), bind("gemm", qtype, gemm_lowbit, kind)) for qtype, kind in (
-    (T.IQ1_S, KIND_IQ1S), (T.IQ1_M, KIND_IQ1M), (T.TQ1_0, KIND_TQ1), (T.TQ2_0, KIND_TQ2), (T.MXFP4, KIND_MXFP4))}
+# qtype -> lowbit_unpack kind
+KINDS = {T.IQ1_S: KIND_IQ1S, T.IQ1_M: KIND_IQ1M, T.TQ1_0: KIND_TQ1, T.TQ2_0: KIND_TQ2, T.MXFP4: KIND_MXFP4}
+
+KERNELS = {qtype: (bind("gemv", qtype, gemv_lowbit, kind), bind("gemm", qtype, gemm_lowbit, kind))
+           for qtype, kind in KINDS.items()}

@@ -6,8 +6,9 @@ expert experts[g]'s slab of the stacked 3-D tensor. At decode a layer has k grou
 where one matmul per expert and weight paid a Python call, a quantization of the same x and a
 thread-pool start each; here x is quantized once and all small groups of up to two weights (gate
 and up) run in one parallel kernel over (weight, group, rows): built on kquant_gemv.rows_dot for
-the K-quants and IQ4_XS, on legacy_gemv.rows_dot8 for Q4_0 .. Q8_0 and IQ4_NL (one compiled kernel
-per type, as their gemv). Groups larger than matmul's gemv threshold, and other types, go through
+the K-quants and IQ4_XS, on lowbit_rows.rows_dot for IQ1_S, IQ1_M, TQ1_0, TQ2_0 and MXFP4 (gpt-oss's
+experts), on legacy_gemv.rows_dot8 for Q4_0 .. Q8_0 and IQ4_NL (one compiled kernel per type, as
+their gemv). Groups larger than matmul's gemv threshold, and other types, go through
 matmul per group with the shared quantization. Either way each output row is the one
 matmul of that expert gives it (the gemv's float order is the gemm's): bit-identical, so batch
 invariance holds.
@@ -20,9 +21,12 @@ from edged.backends.cpu.act_quant import quantize_activations
 from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
+from edged.backends.cpu import lowbit_rows
 from edged.backends.cpu.matmul import gemv_max_n, matmul, takes_q8
 from edged.backends.cpu.matmul_kquants import GEMV_ROWS, KINDS, QK_K, gemv_operands
 from edged.backends.cpu.matmul_legacy import KIND as LEGACY_KINDS
+from edged.backends.cpu.matmul_lowbit import KINDS as LOWBIT_KINDS, _split_row
+from edged.backends.cpu.matmul_lowbit import gemv_operands as lowbit_operands
 from edged.quant.tensor import QTensor
 
 
@@ -62,6 +66,40 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind):
                 nt = GEMV_TOKENS if b - t >= GEMV_TOKENS else (2 if b - t >= 2 else 1)
                 rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf, nf, nsb,
                          y, t * m + r, t * m + r1, m)
+                t += nt
+
+
+@nb.njit(cache=True, nogil=True)
+def _prepare_lowbit(xq, xd, xs, rows, kind, units):
+    """_prepare for the low-bit types (lowbit_rows.rows_dot's operands, x padded to `units` superblocks)."""
+    return lowbit_operands(xq[rows], xd[rows], xs[rows], kind, units)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def _experts_gemv_lowbit(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, nsb, tail):
+    """_experts_gemv over lowbit_rows.rows_dot (rows of nsb superblocks and `tail` bytes more)."""
+    rb = w0.shape[1]
+    k = x.shape[1]
+    nf = xa.shape[1]
+    ng = experts.shape[0]
+    ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
+    for it in nb.prange(nw * ng * ntask):
+        j = it // (ng * ntask)
+        g = (it // ntask) % ng
+        if not small[g]:
+            continue
+        task = it % ntask
+        w = w0 if j == 0 else w1
+        y = y0 if j == 0 else y1
+        base = experts[g] * m
+        a, b = cuts[g], cuts[g + 1]
+        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
+            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
+            t = a
+            while t < b:
+                nt = GEMV_TOKENS if b - t >= GEMV_TOKENS else (2 if b - t >= 2 else 1)
+                lowbit_rows.rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf, nf,
+                                     nsb, tail, y, t * m + r, t * m + r1, m)
                 t += nt
 
 
@@ -174,7 +212,7 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     n_expert, m, _ = ws[0].shape
     qtype = ws[0].qtype
     kind = KINDS.get(qtype)
-    fused = (kind is not None or qtype in _EXPERTS_LEGACY) and all(w.qtype == qtype for w in ws)
+    fused = (kind is not None or qtype in _EXPERTS_LEGACY or qtype in LOWBIT_KINDS) and all(w.qtype == qtype for w in ws)
     err, small, n_small = _small_groups(rows, experts, cuts, x.shape[0], n_expert, gemv_max_n(qtype) if fused else 0)
     if err:
         raise ValueError("moe_matmul: " + _GROUP_ERRORS[err].format(e=n_expert, n=x.shape[0]))
@@ -184,7 +222,13 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
         return ys
     q8 = [takes_q8(w.qtype) for w in ws]  # unknown types: matmul names them
     qx = quantize_activations(x) if any(q8) else None  # once for every expert and weight
-    if n_small and kind is None:
+    if n_small and qtype in LOWBIT_KINDS:
+        lk = LOWBIT_KINDS[qtype]
+        nsb, tail = _split_row(lk, ws[0].rows().shape[1])
+        xg, xa, xb = _prepare_lowbit(*qx, rows, lk, nsb + (1 if tail else 0))
+        _experts_gemv_lowbit(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1],
+                             lk, nsb, tail)
+    elif n_small and kind is None:
         xg, xd, xs, xt, poff = _prepare_legacy(*qx, rows, cuts, small)
         _EXPERTS_LEGACY[qtype](ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xd, xs, xt, poff, experts, cuts, small,
                                ys[0], ys[-1])

@@ -1,6 +1,6 @@
 """cpu.moe_matmul (every chosen expert's matmul in one call) against matmul of each expert's slab,
-bit for bit: the fused K-quant and legacy kernels (small groups), the per-group fallback (large
-groups, other types), one and two weights; bad groups refused. And models/moe.py's moe_ffn through it equals
+bit for bit: the fused K-quant, low-bit and legacy kernels (small groups), the per-group fallback
+(large groups, other types: IQ2_XS, F16), one and two weights; bad groups refused. And models/moe.py's moe_ffn through it equals
 the per-expert path a backend without moe_matmul takes, bit for bit.
 """
 
@@ -30,16 +30,18 @@ EXPERTS = np.array([4, 0, 2, 5, 1, 3])
 CUTS = np.array([0, 1, 3, 6, 10, 16, 16])  # the last group is empty
 
 
-# Q8_0 k = 64: a partial 8-block group; Q5_0 k = 640: two groups and a last one of 4; m odd
+# Q8_0 k = 64: a partial 8-block group; Q5_0 k = 640: two groups and a last one of 4; m odd;
+# MXFP4 k = 288: rows ending inside a 256-element unit (gpt-oss's k = 2880 does)
 @pytest.mark.parametrize("qtype, m, k", [(T.Q4_K, 34, 256), (T.Q6_K, 16, 512), (T.Q8_0, 10, 64), (T.Q5_0, 19, 640),
-                                         (T.Q4_1, 8, 256), (T.IQ4_NL, 5, 288), (T.F16, 9, 64)])
+                                         (T.Q4_1, 8, 256), (T.IQ4_NL, 5, 288), (T.MXFP4, 7, 288), (T.IQ1_M, 6, 256),
+                                         (T.TQ2_0, 5, 512), (T.IQ2_XS, 4, 256), (T.F16, 9, 64)])
 def test_equals_matmul_of_each_slab(qtype, m, k, monkeypatch):
     ws = (_stacked(qtype, m, k, 1, "gate"), _stacked(qtype, m, k, 2, "up"))
     x = np.random.default_rng(0).standard_normal((9, k)).astype(np.float32)
     mod = importlib.import_module("edged.backends.cpu.moe_matmul")
     per_group = []  # the fallback's matmul calls: only groups past the gemv threshold for fused types
     monkeypatch.setattr(mod, "matmul", lambda w, xr, **kw: per_group.append(len(xr)) or cpu.matmul(w, xr, **kw))
-    fused = qtype in mod.KINDS or qtype in mod._EXPERTS_LEGACY
+    fused = qtype in mod.KINDS or qtype in mod._EXPERTS_LEGACY or qtype in mod.LOWBIT_KINDS
     sizes = [int(b - a) for a, b in zip(CUTS[:-1], CUTS[1:]) if b > a]
     for use in (ws, ws[1:]):
         per_group.clear()
