@@ -38,34 +38,40 @@ def _prepare(xq, xd, xs, rows, kind):
     return gemv_operands(xq[rows], xd[rows], xs[rows], kind)  # gather first: every step is per row
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _task_of(it, ng, ntask):
+    """(weight, group, row task) of prange step `it` of the experts kernels."""
+    return it // (ng * ntask), (it // ntask) % ng, it % ntask
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind):
+def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, lowbit, nsb, tail):
     """y_j[p] = x[p] @ W_j[experts[g]].T for j < nw and the pairs p in cuts[g]:cuts[g+1] of each
-    group g with small[g]; w_j uint8 [n_expert * m, row_bytes] (the experts' rows stacked), y_j
-    float32 [P, m]. One task per (weight, group, GEMV_ROWS rows); the row loop is gemv_kquant's."""
+    group g with small[g]; w_j uint8 [n_expert * m, row_bytes] (the experts' rows stacked, each nsb
+    superblocks and `tail` bytes), y_j float32 [P, m]. One task per (weight, group, GEMV_ROWS
+    rows); the row loop is gemv_kquant's, or with `lowbit` gemv_lowbit's (kind: that module's)."""
     rb = w0.shape[1]
     k = x.shape[1]
     nf = xa.shape[1]
-    nsb = k // QK_K
     ng = experts.shape[0]
     ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
     for it in nb.prange(nw * ng * ntask):
-        j = it // (ng * ntask)
-        g = (it // ntask) % ng
+        j, g, task = _task_of(it, ng, ntask)
         if not small[g]:
             continue
-        task = it % ntask
-        w = w0 if j == 0 else w1
-        y = y0 if j == 0 else y1
-        base = experts[g] * m
-        a, b = cuts[g], cuts[g + 1]
+        w, y = (w0, y0) if j == 0 else (w1, y1)
+        base, a, b = experts[g] * m, cuts[g], cuts[g + 1]
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             t = a
             while t < b:
                 nt = GEMV_TOKENS if b - t >= GEMV_TOKENS else (2 if b - t >= 2 else 1)
-                rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf, nf, nsb,
-                         y, t * m + r, t * m + r1, m)
+                o0, o1, off0, off1 = t * m + r, t * m + r1, (base + r) * rb, (base + r1) * rb
+                if lowbit:
+                    lowbit_rows.rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, tail, y, o0, o1,
+                                         m)
+                else:
+                    rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, y, o0, o1, m)
                 t += nt
 
 
@@ -73,34 +79,6 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind):
 def _prepare_lowbit(xq, xd, xs, rows, kind, units):
     """_prepare for the low-bit types (lowbit_rows.rows_dot's operands, x padded to `units` superblocks)."""
     return lowbit_operands(xq[rows], xd[rows], xs[rows], kind, units)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _experts_gemv_lowbit(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, nsb, tail):
-    """_experts_gemv over lowbit_rows.rows_dot (rows of nsb superblocks and `tail` bytes more)."""
-    rb = w0.shape[1]
-    k = x.shape[1]
-    nf = xa.shape[1]
-    ng = experts.shape[0]
-    ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
-    for it in nb.prange(nw * ng * ntask):
-        j = it // (ng * ntask)
-        g = (it // ntask) % ng
-        if not small[g]:
-            continue
-        task = it % ntask
-        w = w0 if j == 0 else w1
-        y = y0 if j == 0 else y1
-        base = experts[g] * m
-        a, b = cuts[g], cuts[g + 1]
-        for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
-            r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
-            t = a
-            while t < b:
-                nt = GEMV_TOKENS if b - t >= GEMV_TOKENS else (2 if b - t >= 2 else 1)
-                lowbit_rows.rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf, nf,
-                                     nsb, tail, y, t * m + r, t * m + r1, m)
-                t += nt
 
 
 @nb.njit(cache=True, nogil=True)
@@ -136,18 +114,16 @@ def _make_experts_gemv_legacy(qtype):
         ng = experts.shape[0]
         ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
         for it in nb.prange(nw * ng * ntask):
-            j = it // (ng * ntask)
-            g = (it // ntask) % ng
+            j, g, task = _task_of(it, ng, ntask)
             if not small[g]:
                 continue
-            task = it % ntask
-            w = w0 if j == 0 else w1
-            y = (y0 if j == 0 else y1)[cuts[g]:cuts[g + 1]]  # [group pairs, m]
             a, b = cuts[g], cuts[g + 1]
+            w = w0 if j == 0 else w1
+            y = (y0 if j == 0 else y1)[a:b]  # [group pairs, m]
+            xt_g = xt[poff[g]:poff[g + 1]]
             acc = empty_aligned(1, 8 * (b - a), np.float32)[0]  # [pairs, 8] lane accumulators
-            base = experts[g] * m
             for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS)):
-                rows_dot8(w[base + r], kind, xt[poff[g]:poff[g + 1]], xg[a:b], xd[a:b], xs[a:b], acc, y, r, EXPERT_PREFETCH, 0)
+                rows_dot8(w[experts[g] * m + r], kind, xt_g, xg[a:b], xd[a:b], xs[a:b], acc, y, r, EXPERT_PREFETCH, 0)
 
     name = f"experts_gemv_{qtype.name.lower()}"
     experts.__name__ = experts.__qualname__ = name
@@ -212,7 +188,8 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     n_expert, m, _ = ws[0].shape
     qtype = ws[0].qtype
     kind = KINDS.get(qtype)
-    fused = (kind is not None or qtype in _EXPERTS_LEGACY or qtype in LOWBIT_KINDS) and all(w.qtype == qtype for w in ws)
+    fused = (kind is not None or qtype in _EXPERTS_LEGACY or qtype in LOWBIT_KINDS) and all(
+        w.qtype == qtype for w in ws)
     err, small, n_small = _small_groups(rows, experts, cuts, x.shape[0], n_expert, gemv_max_n(qtype) if fused else 0)
     if err:
         raise ValueError("moe_matmul: " + _GROUP_ERRORS[err].format(e=n_expert, n=x.shape[0]))
@@ -226,15 +203,16 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
         lk = LOWBIT_KINDS[qtype]
         nsb, tail = _split_row(lk, ws[0].rows().shape[1])
         xg, xa, xb = _prepare_lowbit(*qx, rows, lk, nsb + (1 if tail else 0))
-        _experts_gemv_lowbit(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1],
-                             lk, nsb, tail)
+        _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1],
+                      lk, True, nsb, tail)
     elif n_small and kind is None:
         xg, xd, xs, xt, poff = _prepare_legacy(*qx, rows, cuts, small)
         _EXPERTS_LEGACY[qtype](ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xd, xs, xt, poff, experts, cuts, small,
                                ys[0], ys[-1])
     elif n_small:
         xg, xa, xb = _prepare(*qx, rows, kind)
-        _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1], kind)
+        _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1],
+                      kind, False, x.shape[1] // QK_K, 0)
     for g in (np.flatnonzero(small == 0) if n_small < len(small) else ()):  # large groups, other types: matmul each
         a, b, e = int(cuts[g]), int(cuts[g + 1]), int(experts[g])
         if a == b:

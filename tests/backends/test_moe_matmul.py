@@ -1,7 +1,8 @@
 """cpu.moe_matmul (every chosen expert's matmul in one call) against matmul of each expert's slab,
 bit for bit: the fused K-quant, low-bit and legacy kernels (small groups), the per-group fallback
-(large groups, other types: IQ2_XS, F16), one and two weights; bad groups refused. And models/moe.py's moe_ffn through it equals
-the per-expert path a backend without moe_matmul takes, bit for bit.
+(large groups, other types: IQ2_XS, F16), one and two weights; bad groups refused. And
+models/moe.py's moe_ffn through it equals the per-expert path a backend without moe_matmul takes,
+bit for bit.
 """
 
 import importlib
