@@ -18,6 +18,7 @@ from edged.server.lifecycle import ServerState
 from edged.server.metrics import ServerMetrics
 from edged.server.model_manager import ModelManager
 from edged.server.model_memory import parse_max_memory, total_memory
+from edged.server.model_slot import ModelSlot
 from edged.store import ModelStore
 from tests.helpers.tiny_models import write_tiny_model
 
@@ -243,8 +244,15 @@ def test_keep_alive_expiry_and_forever(serve):
     _wait(lambda: _status(c)[B] == "unloaded", 10)
 
 
-def test_load_timeout_503_then_the_load_finishes(serve):
-    c = serve(load_timeout=0.001)
+def test_load_timeout_503_then_the_load_finishes(serve, monkeypatch):
+    real = ModelSlot.load
+
+    def slow_load(slot):  # a tiny model can load before the request starts waiting: make it slow
+        time.sleep(0.5)
+        return real(slot)
+
+    monkeypatch.setattr(ModelSlot, "load", slow_load)
+    c = serve(load_timeout=0.05)
     r = c.post(COMP, json={"model": A, "prompt": "x"})
     assert r.status_code == 503 and "--load-timeout" in r.json()["error"]["message"]
     _wait(lambda: _status(c)[A] == "loaded")  # the load went on without the request
