@@ -110,7 +110,7 @@ def _make_experts_gemv_legacy(qtype):
     compile-time constant (so each type compiles its own, named for it in the cache)."""
     kind = LEGACY_KINDS[qtype]
 
-    def experts(w0, w1, nw, m, xg, xd, xs, xt, poff, experts, cuts, small, y0, y1):
+    def kernel(w0, w1, nw, m, xg, xd, xs, xt, poff, experts, cuts, small, y0, y1):
         ng = experts.shape[0]
         ntask = (m + GEMV_ROWS - 1) // GEMV_ROWS
         for it in nb.prange(nw * ng * ntask):
@@ -126,8 +126,8 @@ def _make_experts_gemv_legacy(qtype):
                 rows_dot8(w[experts[g] * m + r], kind, xt_g, xg[a:b], xd[a:b], xs[a:b], acc, y, r, EXPERT_PREFETCH, 0)
 
     name = f"experts_gemv_{qtype.name.lower()}"
-    experts.__name__ = experts.__qualname__ = name
-    return nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)(experts)
+    kernel.__name__ = kernel.__qualname__ = name
+    return nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)(kernel)
 
 
 _EXPERTS_LEGACY = {qtype: _make_experts_gemv_legacy(qtype) for qtype in LEGACY_KINDS}
