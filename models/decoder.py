@@ -139,10 +139,13 @@ class DecoderModel:
         self._run_output = _placed(output_ops, self.output, self.host_ops)
         self._run_output_norm = _placed(output_ops, self.output_norm, self.host_ops)
 
-    def matrices(self):
-        """(name, QTensor) of every weight the forward multiplies by (output included)."""
-        yield self.output.name, self.output
-        for lw in self.layers:
+    def matrices(self, placed: bool = False):
+        """(name, QTensor) of every weight the forward multiplies by (output included): as
+        loaded, or with placed=True as the forward runs them, for a model placed on the host
+        (grouped rows where its matmul reads those: backends/cpu/host.upload_matrix)."""
+        output, layers = (self._run_output, self._run_layers) if placed else (self.output, self.layers)
+        yield output.name, output
+        for lw in layers:
             ffn = lw.ffn
             for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wo,
                       *((ffn.gate, ffn.up, ffn.down) if ffn is not None else ())):
@@ -371,15 +374,18 @@ def _nbytes(w) -> int:
 
 
 def _placed(ops, w, host_ops):
-    """w (a QTensor, a float32 array, or a dataclass of them) in the memory of backend `ops`."""
-    if ops is host_ops or w is None:
+    """w (a QTensor, a float32 array, or a dataclass of them) in the memory of backend `ops`. On
+    the host only 2-D weights change: into the layout its matmul reads fastest (upload_matrix)."""
+    if w is None:
         return w
+    host = ops is host_ops
     if isinstance(w, QTensor):
         if len(w.shape) == 3:  # stacked experts [n_expert, rows, cols]: one matrix per expert
-            return tuple(ops.upload_matrix(s) for s in w.slabs())
-        return ops.upload_matrix(w)
+            return w if host else tuple(ops.upload_matrix(s) for s in w.slabs())
+        up = getattr(ops, "upload_matrix", None) if host else ops.upload_matrix
+        return up(w) if up is not None else w
     if isinstance(w, np.ndarray):
-        return ops.upload(w)
+        return w if host else ops.upload(w)
     if is_dataclass(w) and not isinstance(w, RopeParams):
         host = getattr(w, "HOST_FIELDS", ())  # read on the host (MoE routing): not uploaded
         return type(w)(**{f.name: (getattr(w, f.name) if f.name in host

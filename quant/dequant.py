@@ -87,6 +87,9 @@ def dequantize(qt: QTensor, rows: slice | np.ndarray | None = None) -> np.ndarra
     rows=slice or 1-D integer array (indices in [0, n_rows), no negatives): those rows,
     float32 [n_selected, cols]. An out-of-range index or an unsupported type is a ValueError.
     """
+    if qt.grouped:
+        raise ValueError(f"tensor {qt.name!r}: its rows are in the CPU backend's grouped layout; "
+                         "dequantize the tensor as loaded")
     raw = qt.rows()  # [n_rows, row_bytes]
     if rows is None:
         return dequantize_rows(qt.qtype, raw, qt.n_cols).reshape(qt.shape)

@@ -17,6 +17,9 @@ class QTensor:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]
     data: np.ndarray  # uint8 [n_bytes]
+    # rows regrouped by the CPU backend for its kernels (backends/cpu/legacy_groups.py), not
+    # GGUF's layout: only matmul reads them
+    grouped: bool = False
 
     @property
     def n_rows(self) -> int:

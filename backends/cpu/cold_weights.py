@@ -3,6 +3,8 @@ and each is read once per step, so a kernel timed over a few small tensors that 
 timed in the wrong regime (prefetching, for one, only shows its worth on cold reads). Used by the
 kernel tuner (tuning.py) and `edged bench --kernels`."""
 
+from dataclasses import replace
+
 from edged.quant.tensor import QTensor
 
 MAX_COPIES = 256  # cap on the tensors of one shape cycled through
@@ -36,7 +38,7 @@ def dram_copies(ws, cache_bytes: int | None = None) -> list:
     i = 0
     while have < need and len(out) < MAX_COPIES:
         w = ws[i % len(ws)]
-        out.append(QTensor(w.name, w.qtype, w.shape, w.data.copy()))
+        out.append(replace(w, data=w.data.copy()))
         have += w.data.nbytes
         i += 1
     return out

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from edged.backends.cpu.legacy_groups import ungroup_rows
+from edged.backends.cpu.matmul_legacy import KIND
 from edged.quant.dequant import checked_indices, dequantize_rows
 from edged.quant.tensor import QTensor
 
@@ -13,4 +15,6 @@ def embed(w: QTensor, ids) -> np.ndarray:
     """
     ids = checked_indices(ids, w.n_rows, "token id", f" in {w.name!r}")  # [n]
     raw = w.rows()[ids]  # [n, row_bytes]: gathered raw blocks
+    if w.grouped:  # a weight as the CPU's matmul reads it (a tied output projection)
+        raw = ungroup_rows(raw, KIND[w.qtype])
     return dequantize_rows(w.qtype, raw, w.n_cols)

@@ -21,6 +21,15 @@ LAYOUTS = {
     5: (18, 2, -1, -1, True, -128.0, IQ4_LEVELS_U8),  # IQ4_NL: nibbles index the IQ4 levels (+128)
 }
 
+# kinds >= GROUPED_KINDS are the same types in legacy_groups' grouped layout (kind - GROUPED_KINDS)
+GROUPED_KINDS = 8
+ALL_KINDS = (*LAYOUTS, *(GROUPED_KINDS + k for k in LAYOUTS))
+
+
+def kind_layout(kind):
+    """(LAYOUTS entry, grouped?) of a block kind of ALL_KINDS."""
+    return (LAYOUTS[kind - GROUPED_KINDS], True) if kind >= GROUPED_KINDS else (LAYOUTS[kind], False)
+
 
 def _fifth_bits(builder, blk, hoff):
     """<32 x i1>: bit j of the little-endian u32 qh at byte hoff (it adds 16 to element j)."""

@@ -13,7 +13,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
-from edged.backends.cpu.legacy_blocks import LAYOUTS
+from edged.backends.cpu.legacy_blocks import ALL_KINDS, kind_layout
 from edged.backends.cpu.legacy_gemv_ir import GemvRowEmitter
 
 
@@ -24,18 +24,18 @@ def _arr(t, dtype, ndim):
 def _typed_rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r, *knobs):
     """(signature, codegen) of the row dot for these argument types, or None if they do not fit."""
     ok = (
-        _arr(row, types.uint8, 1) and isinstance(kind, types.IntegerLiteral) and kind.literal_value in LAYOUTS
+        _arr(row, types.uint8, 1) and isinstance(kind, types.IntegerLiteral) and kind.literal_value in ALL_KINDS
         and _arr(xt, types.int8, 2) and _arr(xq, types.int8, 2) and _arr(xd, types.float32, 2)
         and _arr(xs, types.int32, 2) and _arr(acc, types.float32, 1) and _arr(y, types.float32, 2)
         and isinstance(r, types.Integer) and all(isinstance(t, types.Integer) for t in knobs)
     )
     if not ok:
         return None
-    layout = LAYOUTS[kind.literal_value]
+    layout, grouped = kind_layout(kind.literal_value)
     sig = types.void(row, kind, xt, xq, xd, xs, acc, y, r, *knobs)
 
     def codegen(context, builder, signature, args):
-        GemvRowEmitter(context, builder, signature, args, layout).emit()
+        GemvRowEmitter(context, builder, signature, args, layout, grouped).emit()
         return context.get_dummy_value()
 
     return sig, codegen
@@ -56,8 +56,8 @@ def _rows_dot8_knobs(typingctx, row, kind, xt, xq, xd, xs, acc, y, r, pf, mode):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r, pf, mode):
-    """Column r of y [n, m] for one raw weight row of LAYOUTS[kind] blocks (kind a compile-time
-    constant) and all n tokens, in the canonical 8-lane float order (bit-identical to
+    """Column r of y [n, m] for one weight row of kind_layout(kind)'s blocks, raw or grouped
+    (legacy_groups.py; kind a compile-time constant) and all n tokens, in the canonical 8-lane float order (bit-identical to
     row_tile_dot_raw8's lane for the same token).
 
     xt int8 [ceil(n/2), ceil(k/256)·512]: xq repacked by repack_groups8; xq int8 [n, k] (its shape only);

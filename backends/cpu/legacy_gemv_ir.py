@@ -13,6 +13,7 @@ from numba.core import cgutils, types
 
 from edged.backends.cpu import vector_ir as vir
 from edged.backends.cpu.legacy_blocks import block_u8, tree8_lanes
+from edged.backends.cpu.legacy_groups import GROUP, TAIL, group_scales, group_words
 from edged.backends.cpu.vector_ir import I8, I32
 
 _F32, _I64, _I1 = ir.FloatType(), ir.IntType(64), ir.IntType(1)
@@ -61,9 +62,10 @@ def _masked_load(builder, vty, name):
 class GemvRowEmitter:
     """Emits rows_dot8's body for one raw block layout into (context, builder)."""
 
-    def __init__(self, context, builder, signature, args, layout):
+    def __init__(self, context, builder, signature, args, layout, grouped=False):
         self.b = builder
         self.layout = layout
+        self.grouped = grouped  # whole groups (and a last one of 4) in legacy_groups' layout
         self.size, _, _, self.moff, _, self.cfix, _ = layout
         ra, _, xta, xa, xda, xsa, acca, ya, ri = args[:9]
         at = signature.args
@@ -134,6 +136,14 @@ class GemvRowEmitter:
         blocks decoded once for every token, transposed so that vector j holds group j of each
         block: one vpdpbusd per group then sums whole blocks into lanes."""
         b, nvalid = self.b, g.nvalid
+        g.nb = None
+        if self.grouped and nvalid in (None, TAIL):  # stored transposed: a few loads and masks
+            g.nb = GROUP if nvalid is None else TAIL
+            if nvalid is not None:
+                g.lane_ok = ir.Constant(_V8I1, [j < nvalid for j in range(8)])
+            g.gp = b.gep(self.rp, [b.mul(g.b0, _i64(self.size))])
+            g.w = [self._lanes8(w) for w in group_words(b, g.gp, self.layout, g.nb)]
+            return
         if nvalid is None:
             bidx = [b.add(g.b0, _i64(j)) for j in range(8)]
         elif isinstance(nvalid, int):
@@ -148,6 +158,12 @@ class GemvRowEmitter:
         g.blks = [b.gep(self.rp, [b.mul(bj, _i64(self.size))]) if bj is not None else None for bj in bidx]
         g.w = transpose8x8(b, [b.bitcast(block_u8(b, blk, self.layout), _V8I32) if blk is not None else _ZERO8I
                                for blk in g.blks])
+
+    def _lanes8(self, v):
+        """<4 x T> -> <8 x T> with zero lanes 4-7 (a grouped last group of 4); <8 x T> as it is."""
+        if v.type.count == 8:
+            return v
+        return self.b.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(_V8I32, list(range(8))))
 
     def _halves_wide(self, g):
         """halves(off) for a full group on VNNI hosts: the 8 blocks' bytes as 512-bit vectors of
@@ -201,6 +217,9 @@ class GemvRowEmitter:
     def group_scales(self, g):
         """g.dv, g.cv <8 x float>: the 8 blocks' d and c (zero in lanes past nvalid)."""
         b = self.b
+        if g.nb is not None:
+            g.dv, g.cv = (self._lanes8(v) for v in group_scales(b, g.gp, self.layout, g.nb))
+            return
         halves = self._halves_wide(g) if g.nvalid is None and vir.USE_VNNI else self._halves_each(g)
         g.dv = b.fpext(halves(0), _V8F)
         if self.moff >= 0:

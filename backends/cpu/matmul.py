@@ -8,7 +8,9 @@ Public API
         it between several matmuls of the same x, e.g. the q/k/v projections).
     check_supported(qtype) -> None        raises ValueError naming the type if no kernel exists
     supported_types() -> tuple            types with kernels, in TYPE_TRAITS order
-    kernels_for(qtype) -> (gemv, gemm)     the two Numba kernels of a type (for inspect_asm, benches)
+    kernels_for(qtype, grouped=False)      the two Numba kernels of a type (for inspect_asm, benches)
+    for_matmul(w) -> QTensor               w with its rows grouped where the type has grouped kernels
+                                           (legacy_groups.py: the layout the CPU backend runs on)
     gemv_max_n(qtype) -> int               the largest n that matmul hands to the type's gemv
     set_tuned(choices) / tuned()           per-shape kernel knobs and gemv/gemm crossover chosen on
                                            this machine (tuning.py)
@@ -80,10 +82,11 @@ def check_supported(qtype) -> None:
         raise ValueError(f"no CPU matmul kernel for tensor type {tt.qtype.name}; supported: {names}")
 
 
-def kernels_for(qtype):
-    """(gemv, gemm) Numba dispatchers for `qtype` (ValueError if unsupported)."""
+def kernels_for(qtype, grouped: bool = False):
+    """(gemv, gemm) Numba dispatchers for `qtype` (ValueError if unsupported), those over grouped
+    rows (legacy_groups.py) with grouped=True (KeyError for a type that has none)."""
     check_supported(qtype)
-    return _KERNELS[traits(qtype).qtype]
+    return (matmul_legacy.GROUPED_KERNELS if grouped else _KERNELS)[traits(qtype).qtype]
 
 
 def gemv_max_n(qtype) -> int:
@@ -105,10 +108,21 @@ def _launch(pair):
 _DISPATCH = {
     qtype: (*_launch(pair), traits(qtype).act_format == "q8_32", _GEMV_MAX_N[qtype]) for qtype, pair in _KERNELS.items()
 }
+# the same for weights whose rows are grouped (QTensor.grouped)
+_DISPATCH_GROUPED = {qtype: (*_launch(pair), True, _GEMV_MAX_N[qtype]) for qtype, pair in matmul_legacy.GROUPED_KERNELS.items()}
 
-# (qtype, m, k) -> (per size class (n = 1, gemv n > 1, gemm) the kernel's trailing args: bound type
-# + knobs; then the gemv's largest n); set by set_tuned, empty (every kernel's defaults) otherwise
+# (qtype, m, k, grouped) -> (per size class (n = 1, gemv n > 1, gemm) the kernel's trailing args:
+# bound type + knobs; then the gemv's largest n); set by set_tuned, empty (every kernel's defaults) otherwise
 _TUNED: dict = {}
+
+
+def for_matmul(w: QTensor) -> QTensor:
+    """w as the CPU's matmul reads it fastest: a 2-D weight of a type with grouped kernels as a
+    grouped copy (legacy_groups.py), anything else w itself."""
+    if w.grouped or len(w.shape) != 2 or w.qtype not in _DISPATCH_GROUPED:
+        return w
+    return matmul_legacy.grouped(w)
+
 
 SIZE_CLASSES = ("n1", "gemv", "gemm")
 
@@ -132,16 +146,19 @@ def set_tuned(choices: dict) -> None:
     n for the gemv (left out or None: the type's default); {} restores every kernel's defaults."""
     table = {}
     for (qtype, m, k), entry in choices.items():
-        gv, gm = kernels_for(qtype)
+        check_supported(qtype)
         nc = len(SIZE_CLASSES)
         classes, max_n = entry[:nc], (entry[nc] if len(entry) > nc else None)
         if (len(classes) != len(SIZE_CLASSES) or len(entry) > len(SIZE_CLASSES) + 1
                 or any(len(kn) != len(DEFAULT_KNOBS) for kn in classes) or (max_n is not None and max_n < 1)):
             raise ValueError(f"tuned {qtype.name} [{m}, {k}]: {entry!r} is not {len(SIZE_CLASSES)} size classes "
                              f"of {len(DEFAULT_KNOBS)} knobs and an optional gemv_max_n >= 1")
-        table[(traits(qtype).qtype, int(m), int(k))] = (
-            *(kern.extra + tuple(int(v) for v in knobs) for kern, knobs in zip((gv, gv, gm), classes)),
-            int(max_n) if max_n is not None else gemv_max_n(qtype))
+        qt = traits(qtype).qtype
+        for grouped in (False, True) if qt in _DISPATCH_GROUPED else (False,):
+            gv, gm = kernels_for(qtype, grouped)
+            table[(qt, int(m), int(k), grouped)] = (
+                *(kern.extra + tuple(int(v) for v in knobs) for kern, knobs in zip((gv, gv, gm), classes)),
+                int(max_n) if max_n is not None else gemv_max_n(qtype))
     _TUNED.clear()
     _TUNED.update(table)
 
@@ -149,7 +166,7 @@ def set_tuned(choices: dict) -> None:
 def tuned() -> dict:
     """The installed choices, as set_tuned takes them (gemv_max_n always given)."""
     nk = len(DEFAULT_KNOBS)
-    return {key: (*(args[-nk:] for args in entry[:-1]), entry[-1]) for key, entry in _TUNED.items()}
+    return {key[:3]: (*(args[-nk:] for args in entry[:-1]), entry[-1]) for key, entry in _TUNED.items() if not key[3]}
 
 
 def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -162,7 +179,7 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
         raise TypeError(f"matmul weight must be a QTensor, got {type(w).__name__}")
     if len(w.shape) != 2:
         raise ValueError(f"matmul weight {w.name!r} must be 2-D, got shape {w.shape}")
-    plan = _DISPATCH.get(w.qtype)
+    plan = (_DISPATCH_GROUPED if w.grouped else _DISPATCH).get(w.qtype)
     if plan is None:
         check_supported(w.qtype)  # raises, naming the type
     gemv, gemm, defaults, q8, max_n = plan
@@ -180,7 +197,7 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
         raise ValueError(f"out must be C-contiguous float32 [{n}, {m}], got {out.dtype} {out.shape}")
     if n == 0:
         return out
-    tuned = _TUNED.get((w.qtype, m, k)) if _TUNED else None
+    tuned = _TUNED.get((w.qtype, m, k, w.grouped)) if _TUNED else None
     if tuned is not None:
         max_n = tuned[3]
     cls = 0 if n == 1 else (1 if n <= max_n else 2)
@@ -205,7 +222,7 @@ def matmul_knobs(w: QTensor, x: np.ndarray, knobs, *, kernel: str | None = None,
     tuner times variants so, and tests check that each gives the same bits. Inputs are not checked."""
     n = x.shape[0]
     m, k = w.shape
-    gemv, gemm, defaults, q8, max_n = _DISPATCH[traits(w.qtype).qtype]
+    gemv, gemm, defaults, q8, max_n = (_DISPATCH_GROUPED if w.grouped else _DISPATCH)[traits(w.qtype).qtype]
     cls = 0 if n == 1 else (1 if n <= max_n else 2)
     if kernel is not None:
         cls = 2 if kernel == "gemm" else min(cls, 1)

@@ -28,6 +28,8 @@ Every kernel adds the per-block float terms in legacy_blocks' canonical 8-lane o
 output is bit-identical whichever kernel its batch size selects (batch invariance).
 """
 
+from dataclasses import replace
+
 import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -35,8 +37,11 @@ from gguf import GGMLQuantizationType as T
 from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
+from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
+from edged.backends.cpu.legacy_groups import group_rows
 from edged.backends.cpu.typed_kernel import TypedKernel, bind
+from edged.quant.tensor import QTensor
 
 QK = 32
 
@@ -73,18 +78,18 @@ def _gemv_raw(w, xq, xd, xs, y, kind, tasks, pf, mode):
             rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r, pf, mode)
 
 
-def _make_gemv(qtype):
-    """The gemv of one type: its own compiled kernel, as rows_dot8 specializes on the layout (the
-    closure's `kind` is a compile-time constant; Numba's cache keys on it). The knobs' defaults
-    serve uncached test copies of py_func; the TypedKernel always passes them."""
-    kind = KIND[qtype]
+def _make_gemv(qtype, grouped=False):
+    """The gemv of one type, raw or grouped: its own compiled kernel, as rows_dot8 specializes on
+    the layout (the closure's `kind` is a compile-time constant; Numba's cache keys on it). The
+    knobs' defaults serve uncached test copies of py_func; the TypedKernel always passes them."""
+    kind = KIND[qtype] + (GROUPED_KINDS if grouped else 0)
 
     def gemv(w, xq, xd, xs, y, tasks=0, pf=0, mode=0, threads=0):
         prev = fewer_threads(threads)
         _gemv_raw(w, xq, xd, xs, y, kind, tasks, pf, mode)
         restore_threads(prev)
 
-    name = f"gemv_{qtype.name.lower()}"
+    name = f"gemv_{qtype.name.lower()}" + ("_grouped" if grouped else "")
     gemv.__name__ = gemv.__qualname__ = name  # its name in the cache and in errors
     return TypedKernel(name, nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)(gemv))
 
@@ -177,6 +182,19 @@ def gemm_legacy(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
 
 
 KERNELS = {qtype: (_make_gemv(qtype), bind("gemm", qtype, gemm_legacy, np.int64(kind))) for qtype, kind in KIND.items()}
+
+# the same types' kernels over rows in legacy_groups' grouped layout (matmul.py picks them for a
+# QTensor with grouped=True; the same bits as the raw rows')
+GROUPED_KERNELS = {
+    qtype: (_make_gemv(qtype, grouped=True),
+            TypedKernel(f"gemm_{qtype.name.lower()}_grouped", gemm_legacy, np.int64(GROUPED_KINDS + kind)))
+    for qtype, kind in KIND.items()
+}
+
+
+def grouped(w: QTensor) -> QTensor:
+    """A 2-D legacy-type weight with its rows regrouped (legacy_groups.py): a copy in memory."""
+    return replace(w, data=group_rows(w.rows(), KIND[w.qtype]).reshape(-1), grouped=True)
 
 # knobs the tuner may try beside tasks (backends/cpu/tuning.py): prefetch bytes, mode 1 = one token a dot
 KNOBS = {"gemv": {"prefetch": (1024, 4096), "mode": (1,)}, "gemm": {"prefetch": (1024, 4096)}}

@@ -551,7 +551,7 @@ def tune_crossover(samplers: dict, default_max_n: int, budget: float) -> dict:
 
 
 def for_model(model, *, tune: bool = True, log=None) -> dict:
-    """ensure() for a loaded model's matrices (model.matrices(): every weight the forward
-    multiplies by); with tune=False only the cached choices are installed."""
-    mats = [w for _, w in getattr(model, "matrices", lambda: ())()]
+    """ensure() for a loaded model's matrices (model.matrices(placed=True): every weight the
+    forward multiplies by, as it runs them); with tune=False only the cached choices are installed."""
+    mats = [w for _, w in getattr(model, "matrices", lambda placed: ())(placed=True)]
     return ensure(mats, tune=tune, log=log)

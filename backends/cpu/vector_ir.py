@@ -152,11 +152,11 @@ def dpbusd(builder, acc, w, x):
 
 def iq4_lookup(builder, idx, levels=IQ4_LEVELS_U8):
     """levels[idx] (16 unsigned bytes; default the IQ4 codebook + 128, MXFP4 passes its own) for a
-    32 or 64 x i8 vector of indices 0..15: vpshufb on AVX-512 hosts (the VNNI ones), a chain of 16
+    16, 32 or 64 x i8 vector of indices 0..15: vpshufb on AVX-512 hosts (the VNNI ones), a chain of 16
     selects elsewhere."""
     vt = idx.type
     if USE_VNNI:
-        name = "llvm.x86.avx2.pshuf.b" if vt.count == 32 else "llvm.x86.avx512.pshuf.b.512"
+        name = {16: "llvm.x86.ssse3.pshuf.b.128", 32: "llvm.x86.avx2.pshuf.b"}.get(vt.count, "llvm.x86.avx512.pshuf.b.512")
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt]), name)
         return builder.call(fn, [const(vt, list(levels) * (vt.count // 16)), idx])
     out = const(vt, levels[0])

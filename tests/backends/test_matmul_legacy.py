@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu import legacy_gemm_tile, legacy_gemv, matmul_legacy, matmul_reference, vector_ir
 from edged.backends.cpu.act_quant import quantize_activations
+from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
 from tests.backends.matmul_cases import activations, check_close_to_dequantized, rel_err
 from tests.helpers.qdata import random_qtensor, reference_dequantize
 
@@ -187,18 +188,22 @@ def _gemm_portable_and_vnni(w, qx, kind, use_vnni):
 KIND = matmul_legacy.KIND
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["raw", "grouped"])
 @pytest.mark.parametrize("use_vnni", [False, True] if vector_ir.USE_VNNI else [False])
 @pytest.mark.parametrize("qtype", list(KIND), ids=lambda t: t.name)
-def test_raw_decoders_both_paths(qtype, use_vnni):
+def test_raw_decoders_both_paths(qtype, use_vnni, grouped):
     """The in-register block decoders of rows_dot8 (gemv) and row_tile_dot_raw8 (gemm) on each
-    codegen path: correct against the reference, and bit-identical to each other (k = 352: one
-    8-block group and a partial one)."""
-    m, k, n = 5, 352, 3
+    codegen path, over raw and grouped rows (legacy_groups.py): correct against the reference,
+    and bit-identical to each other (k = 352: one 8-block group and a partial one, raw; k = 384
+    grouped: one group and a grouped last group of 4)."""
+    m, k, n = 5, 384 if grouped else 352, 3
     w = random_qtensor(qtype, m, k, seed=8)
     x = activations(n, k, seed=9)
     qx = quantize_activations(x)
-    y1 = _gemv_portable_and_vnni(w, qx, KIND[qtype], use_vnni)
-    y2 = _gemm_portable_and_vnni(w, qx, KIND[qtype], use_vnni)
+    wk = mm.for_matmul(w) if grouped else w
+    kind = KIND[qtype] + (GROUPED_KINDS if grouped else 0)
+    y1 = _gemv_portable_and_vnni(wk, qx, kind, use_vnni)
+    y2 = _gemm_portable_and_vnni(wk, qx, kind, use_vnni)
     assert rel_err(y1, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
     np.testing.assert_array_equal(y1, y2)
     np.testing.assert_array_equal(y1, mm.matmul(w, x))  # the same float order as the cached kernels
