@@ -9,8 +9,7 @@ import numpy as np
 from edged.backends.base import KV_DEFAULT, Batch, LayerKV, RopeParams, check_kv_type
 # placement/layout and elementwise ops are plain numpy already: the CPU backend's serve as reference
 from edged.backends.cpu.activations import add, scale  # noqa: F401
-from edged.backends.cpu.host import (prepare_batch, slice_cols, take_rows, to_host, upload,  # noqa: F401
-                                     upload_matrix)
+from edged.backends.cpu.host import prepare_batch, slice_cols, take_rows, to_host, upload  # noqa: F401
 from edged.quant.tensor import QTensor
 from tests.helpers.qdata import reference_dequantize
 from tests.helpers.rope_reference import rope_frequencies, rope_params_yarn
@@ -29,6 +28,11 @@ def _weights(w: QTensor) -> np.ndarray:
 def clear_cache() -> None:
     """Drop cached dequantized weights."""
     _DEQUANT_CACHE.clear()
+
+
+def upload_matrix(w: QTensor) -> QTensor:
+    """Weights stay GGUF's (not the CPU backend's grouped rows): gguf-py dequantizes them."""
+    return w
 
 
 def matmul(w: QTensor, x: np.ndarray, **_) -> np.ndarray:

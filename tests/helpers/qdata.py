@@ -11,5 +11,7 @@ def reference_dequantize(w: QTensor) -> np.ndarray:
     """float32 [rows, cols] via gguf-py's own dequantizer (the ground truth for every test)."""
     from gguf.quants import dequantize
 
+    if w.grouped:
+        raise ValueError(f"{w.name!r}: grouped rows (the CPU backend's layout) are not GGUF's")
     raw = w.data.reshape(w.n_rows, -1)
     return dequantize(raw, w.qtype).astype(np.float32).reshape(w.shape)
