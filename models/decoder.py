@@ -378,14 +378,14 @@ def _placed(ops, w, host_ops):
     the host only 2-D weights change: into the layout its matmul reads fastest (upload_matrix)."""
     if w is None:
         return w
-    host = ops is host_ops
+    on_host = ops is host_ops
     if isinstance(w, QTensor):
         if len(w.shape) == 3:  # stacked experts [n_expert, rows, cols]: one matrix per expert
-            return w if host else tuple(ops.upload_matrix(s) for s in w.slabs())
-        up = getattr(ops, "upload_matrix", None) if host else ops.upload_matrix
+            return w if on_host else tuple(ops.upload_matrix(s) for s in w.slabs())
+        up = getattr(ops, "upload_matrix", None) if on_host else ops.upload_matrix
         return up(w) if up is not None else w
     if isinstance(w, np.ndarray):
-        return w if host else ops.upload(w)
+        return w if on_host else ops.upload(w)
     if is_dataclass(w) and not isinstance(w, RopeParams):
         host = getattr(w, "HOST_FIELDS", ())  # read on the host (MoE routing): not uploaded
         return type(w)(**{f.name: (getattr(w, f.name) if f.name in host

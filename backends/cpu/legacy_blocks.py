@@ -31,16 +31,17 @@ def kind_layout(kind):
     return (LAYOUTS[kind - GROUPED_KINDS], True) if kind >= GROUPED_KINDS else (LAYOUTS[kind], False)
 
 
-def _fifth_bits(builder, blk, hoff):
-    """<32 x i1>: bit j of the little-endian u32 qh at byte hoff (it adds 16 to element j)."""
-    v32i8 = ir.VectorType(I8, 32)
-    if vir.USE_VNNI:  # the 32 bits as a mask register (kmovd), then one zero-masked move
-        qh = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(I32, hoff)]), I32.as_pointer()), align=1)
-        return builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))
-    v4i8 = ir.VectorType(I8, 4)
-    qh = builder.load(builder.bitcast(builder.gep(blk, [ir.Constant(I32, hoff)]), v4i8.as_pointer()), align=1)
-    hb = builder.shuffle_vector(qh, ir.Constant(v4i8, ir.Undefined), ir.Constant(ir.VectorType(I32, 32), [j // 8 for j in range(32)]))
-    return builder.icmp_unsigned("!=", builder.and_(hb, ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])), ir.Constant(v32i8, [0] * 32))
+def bits_mask(builder, ptr, nbits):
+    """<nbits x i1>: bit i of the little-endian word of nbits bits at i8* ptr."""
+    if vir.USE_VNNI:  # straight into a mask register (kmovd)
+        w = builder.load(builder.bitcast(ptr, ir.IntType(nbits).as_pointer()), align=1)
+        return builder.bitcast(w, ir.VectorType(ir.IntType(1), nbits))
+    vb = ir.VectorType(I8, nbits // 8)
+    w = builder.load(builder.bitcast(ptr, vb.as_pointer()), align=1)
+    spread = builder.shuffle_vector(w, ir.Constant(vb, ir.Undefined), ir.Constant(ir.VectorType(I32, nbits), [i // 8 for i in range(nbits)]))
+    vt = ir.VectorType(I8, nbits)
+    hit = builder.and_(spread, ir.Constant(vt, [1 << (i % 8) for i in range(nbits)]))
+    return builder.icmp_unsigned("!=", hit, ir.Constant(vt, None))
 
 
 def block_u8(builder, blk, layout):
@@ -56,7 +57,7 @@ def block_u8(builder, blk, layout):
     hi = builder.lshr(q, ir.Constant(v16i8, [4] * 16))
     u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
     if hoff >= 0:
-        hit = _fifth_bits(builder, blk, hoff)
+        hit = bits_mask(builder, builder.gep(blk, [ir.Constant(I32, hoff)]), 32)  # bit j adds 16 to element j
         u = builder.or_(u, builder.select(hit, ir.Constant(v32i8, [16] * 32), ir.Constant(v32i8, [0] * 32)))
     if book is not None:
         u = vir.iq4_lookup(builder, u)

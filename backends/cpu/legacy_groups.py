@@ -21,22 +21,27 @@ import numpy as np
 from llvmlite import ir
 
 from edged.backends.cpu import vector_ir as vir
-from edged.backends.cpu.legacy_blocks import LAYOUTS
+from edged.backends.cpu.legacy_blocks import LAYOUTS, bits_mask, f16_at
 from edged.backends.cpu.vector_ir import I8, I32
 
 GROUP = 8  # blocks per full group
 TAIL = 4  # the one partial group size stored grouped
 
 
-def field_offsets(layout, nb):
+@nb.njit(nogil=True, cache=True)
+def _offsets(nb, hoff, moff):
     """(m, H, Q) byte offsets in a group of nb blocks (-1 where the type has no such field)."""
-    _, _, hoff, moff, _, _, _ = layout
     pos = 2 * nb
     mpos = pos if moff >= 0 else -1
     pos += 2 * nb if moff >= 0 else 0
     hpos = pos if hoff >= 0 else -1
     pos += 4 * nb if hoff >= 0 else 0
     return mpos, hpos, pos
+
+
+def field_offsets(layout, nb):
+    """_offsets for a LAYOUTS entry."""
+    return _offsets.py_func(nb, layout[2], layout[3])
 
 
 @nb.njit(nogil=True, cache=True)
@@ -49,9 +54,7 @@ def _group_into(rows, out, size, qoff, hoff, moff, nib):
         for grp in range(nfull + (1 if rem == TAIL else 0)):
             nbk = GROUP if grp < nfull else TAIL
             base = grp * GROUP * size
-            mpos = 2 * nbk if moff >= 0 else -1
-            hpos = 2 * nbk + (2 * nbk if moff >= 0 else 0)
-            qpos = hpos + (4 * nbk if hoff >= 0 else 0)
+            mpos, hpos, qpos = _offsets(nbk, hoff, moff)
             for j in range(nbk):
                 src = base + j * size
                 for i in range(2):
@@ -74,7 +77,7 @@ def _group_into(rows, out, size, qoff, hoff, moff, nib):
 
 
 def _ungroup_blocks(grp, layout, nb):
-    """The inverse of _group_blocks: [..., nb · size] -> raw blocks [..., nb, size]."""
+    """The inverse of _group_into for groups of nb blocks: [..., nb · size] -> raw blocks [..., nb, size]."""
     size, qoff, hoff, moff, nib, _, _ = layout
     lead = grp.shape[:-1]
     mpos, hpos, qpos = field_offsets(layout, nb)
@@ -121,20 +124,6 @@ def ungroup_rows(rows: np.ndarray, kind: int) -> np.ndarray:
 # ------------------------------------------------------------------ decode in registers
 
 
-def _bits_mask(builder, ptr, nbits):
-    """<nbits x i1>: bit i of the little-endian word of nbits bits at i8* ptr."""
-    word = ir.IntType(nbits)
-    if vir.USE_VNNI:  # straight into a mask register
-        w = builder.load(builder.bitcast(ptr, word.as_pointer()), align=1)
-        return builder.bitcast(w, ir.VectorType(ir.IntType(1), nbits))
-    vb = ir.VectorType(I8, nbits // 8)
-    w = builder.load(builder.bitcast(ptr, vb.as_pointer()), align=1)
-    spread = builder.shuffle_vector(w, ir.Constant(vb, ir.Undefined), ir.Constant(ir.VectorType(I32, nbits), [i // 8 for i in range(nbits)]))
-    vt = ir.VectorType(I8, nbits)
-    hit = builder.and_(spread, ir.Constant(vt, [1 << (i % 8) for i in range(nbits)]))
-    return builder.icmp_unsigned("!=", hit, ir.Constant(vt, None))
-
-
 def group_words(builder, gp, layout, nb):
     """The 8 vectors <nb x i32> of one grouped group at i8* gp: vector g, lane j = the unsigned
     bytes of elements 4g..4g+3 of block j (legacy_blocks.block_u8's bytes, transposed)."""
@@ -156,7 +145,7 @@ def group_words(builder, gp, layout, nb):
     for g in range(8):
         u = words[g]
         if hoff >= 0:
-            hit = _bits_mask(builder, builder.gep(gp, [ir.Constant(I32, hpos + (nb // 2) * g)]), 4 * nb)
+            hit = bits_mask(builder, builder.gep(gp, [ir.Constant(I32, hpos + (nb // 2) * g)]), 4 * nb)
             u = builder.or_(u, builder.select(hit, ir.Constant(vb, [16] * (4 * nb)), ir.Constant(vb, None)))
         if book is not None:
             u = vir.iq4_lookup(builder, u)
@@ -183,11 +172,6 @@ def block_scale_bias_at(builder, gp, layout, nb, j):
     """(d, c) floats of block j of a grouped group at i8* gp (legacy_blocks.block_scale_bias's)."""
     _, _, _, moff, _, cfix, _ = layout
     mpos, _, _ = field_offsets(layout, nb)
-
-    def half(off):
-        p = builder.bitcast(builder.gep(gp, [ir.Constant(I32, off)]), ir.HalfType().as_pointer())
-        return builder.fpext(builder.load(p, align=1), ir.FloatType())
-
-    d = half(2 * j)
-    c = half(mpos + 2 * j) if moff >= 0 else builder.fmul(d, ir.Constant(ir.FloatType(), cfix))
+    d = f16_at(builder, gp, 2 * j)
+    c = f16_at(builder, gp, mpos + 2 * j) if moff >= 0 else builder.fmul(d, ir.Constant(ir.FloatType(), cfix))
     return d, c
