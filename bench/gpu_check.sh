@@ -21,11 +21,20 @@ fi
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
-"$py" -c "from edged.backends.cuda.probe import probe; print('gpu_check:', probe().describe())" \
+# Python runs from a folder that holds only `tests`, so the installed wheel's edged (with
+# edged.quant, .backends, .models) is imported, not the checkout's edged/ that only an editable
+# install completes.
+repo=$PWD
+stage=$(mktemp -d)
+ln -s "$repo/tests" "$stage/tests"
+export PYTHONPATH="$stage${PYTHONPATH:+:$PYTHONPATH}"
+case "$out" in /*) ;; *) out="$repo/$out" ;; esac
+(cd "$stage" && "$py" -c "from edged.backends.cuda.probe import probe; print('gpu_check:', probe().describe())") \
   | tee "$out/gpu_device.txt"
 
 # 1. the GPU kernel tests (they skip themselves without a real device)
-timeout 240 "$py" -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+(cd "$stage" && timeout 240 "$py" -m pytest -c "$repo/pyproject.toml" -o pythonpath= --rootdir "$stage" \
+  tests/gpu -q -p no:cacheprovider) 2>&1 | tee "$out/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 
 # 2. speed: CPU, hybrid, full offload
