@@ -150,6 +150,8 @@ def configure_numba() -> None:
 
     os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
     os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
+    # decode launches grids smaller than the GPU by design: numba-cuda would warn at every new shape
+    os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
     if "NUMBA_CACHE_DIR" not in os.environ:
         slp = os.environ["NUMBA_SLP_VECTORIZE"]
         tag = f"edged-{__version__}_numba-{_numba_version()}_slp{slp}_src"

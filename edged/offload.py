@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from edged.models.decoder import layer_matrices, unsupported_matrix
+
 log = logging.getLogger("edged.offload")
 
 BACKENDS = ("auto", "cpu", "cuda")
@@ -59,19 +61,35 @@ def _device_ops(device_ops):
     return device_ops
 
 
+def _type_checker(device_ops):
+    """What answers check_supported(qtype) for the device: `device_ops` when given (tests), else
+    the CUDA backend's type table (no numba.cuda import)."""
+    if device_ops is None:
+        from edged.backends.cuda import types as device_ops
+    return device_ops
+
+
 def host_only_from(model, device_ops) -> tuple[int, str]:
     """(i, why): layers i and after stay on the host because layer i is a mixture-of-experts layer
-    and the device backend lacks ops it needs (models/moe.py REQUIRED_OPS); (n_layers, "") if none."""
-    moe = [i for i, lw in enumerate(getattr(model, "layers", ())) if getattr(lw, "moe", None) is not None]
-    if not moe:
-        return model.n_layers, ""  # no MoE layer: the CUDA modules are not imported
-    from edged.models.moe import missing_ops
+    and the device backend lacks ops it needs (models/moe.py REQUIRED_OPS), or layer i holds a
+    tensor type the device has no matmul kernel for; (n_layers, "") if neither."""
+    layers = getattr(model, "layers", ())
+    moe = [i for i, lw in enumerate(layers) if getattr(lw, "moe", None) is not None]
+    if moe:  # the device's ops are imported only for a MoE model
+        from edged.models.moe import missing_ops
 
-    lack = missing_ops(_device_ops(device_ops))
-    if not lack:
-        return model.n_layers, ""
-    return moe[0], (f"the {len(moe)} mixture-of-experts layers stay on the CPU (the GPU backend has no "
-                    f"{', '.join(lack)})")
+        lack = missing_ops(_device_ops(device_ops))
+        if not lack:
+            moe = []
+    checker = _type_checker(device_ops)
+    for i, lw in enumerate(layers):
+        if moe and i == moe[0]:
+            return i, (f"the {len(moe)} mixture-of-experts layers stay on the CPU (the GPU backend has no "
+                       f"{', '.join(lack)})")
+        why = unsupported_matrix(checker, layer_matrices(lw))
+        if why:
+            return i, f"layers {i} and after stay on the CPU ({why})"
+    return model.n_layers, ""
 
 
 def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
@@ -84,8 +102,9 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
     workspace and a safety margin; an int >= n_layers = every layer and the output projection.
     Raises OffloadError when cuda is asked for without a usable device or N layers do not fit.
     Mixture-of-experts layers the device backend cannot run (device_ops: the CUDA ops unless
-    given) stay on the host with every layer after them (a hybrid split, said in the summary); the
-    output projection still joins the GPU when the layers before them fit (auto) or N >= n_layers.
+    given), and layers holding a tensor type it has no kernel for, stay on the host with every
+    layer after them (a hybrid split, said in the summary); the output projection still joins the
+    GPU when the layers before them fit (auto) or N >= n_layers, and its type has a kernel.
     """
     if backend not in BACKENDS:
         raise OffloadError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -115,15 +134,18 @@ def plan(model, backend: str = "auto", gpu_layers=None, *, kv_tokens=4096,
     out_cost = model.output_bytes()
     budget = dev.free_bytes - SAFETY_MARGIN_BYTES - workspace_bytes(model, batch_tokens)
     limit, host_why = host_only_from(model, device_ops)  # layers limit.. stay on the host
+    out_ok = not unsupported_matrix(_type_checker(device_ops), [(model.output.name, model.output)])
+    if not out_ok:
+        host_why = "; ".join(filter(None, (host_why, "the output projection stays on the CPU (no CUDA kernel for its type)")))
     if want is None:  # auto: the first layers that fit, then the output projection if all did
         n, used = 0, 0
         while n < limit and used + layer_cost[n] <= budget:
             used += layer_cost[n]
             n += 1
-        out = n == limit and used + out_cost <= budget
+        out = out_ok and n == limit and used + out_cost <= budget
     else:
         n = min(want, limit)
-        out = want >= n_layers
+        out = out_ok and want >= n_layers
         used = sum(layer_cost[:n]) + (out_cost if out else 0)
         if used > budget:
             raise OffloadError(

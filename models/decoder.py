@@ -125,14 +125,15 @@ class DecoderModel:
         """
         if len(layer_ops) != len(self.layers):
             raise ModelError(f"placement names {len(layer_ops)} backends for {len(self.layers)} layers")
-        for ops in {id(o): o for o in [*layer_ops, output_ops]}.values():
-            if ops is not self.host_ops:
-                self.check_backend(ops)
         for i, (ops, lw) in enumerate(zip(layer_ops, self.layers)):
             if lw.moe is not None and ops is not self.host_ops and moe_missing_ops(ops):
                 raise ModelError(f"layer {i} (blk.{i}): its mixture-of-experts weights cannot be placed on backend "
                                  f"{getattr(ops, '__name__', type(ops).__name__)}: it has no "
                                  f"{', '.join(moe_missing_ops(ops))} op; keep MoE layers on the host")
+        for ops in {id(o): o for o in [*layer_ops, output_ops]}.values():
+            if ops is not self.host_ops:  # each backend is checked on the weights it is given
+                mine = [m for o, lw in zip(layer_ops, self.layers) if o is ops for m in layer_matrices(lw)]
+                self.check_backend(ops, ([(self.output.name, self.output)] if output_ops is ops else []) + mine)
         self.layer_ops = list(layer_ops)
         self.output_ops = output_ops
         self._run_layers = [_placed(ops, lw, self.host_ops) for ops, lw in zip(self.layer_ops, self.layers)]
@@ -146,13 +147,7 @@ class DecoderModel:
         output, layers = (self._run_output, self._run_layers) if placed else (self.output, self.layers)
         yield output.name, output
         for lw in layers:
-            ffn = lw.ffn
-            for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wo,
-                      *((ffn.gate, ffn.up, ffn.down) if ffn is not None else ())):
-                if w is not None:
-                    yield w.name, w
-            if lw.moe is not None:
-                yield from lw.moe.matrices()
+            yield from layer_matrices(lw)
 
     def layer_bytes(self, i: int) -> int:
         """Bytes of layer i's weights (what placing it on a device uploads)."""
@@ -162,23 +157,12 @@ class DecoderModel:
         """Bytes of the final norm and output projection (token_embd's when tied)."""
         return _nbytes(self.output) + _nbytes(self.output_norm)
 
-    def check_backend(self, ops) -> None:
-        """ModelError at load time when `ops` has no matmul kernel for a weight's type.
-
-        Uses `check_supported(qtype)` from the backend, or from the module defining its matmul.
-        """
-        import sys
-
-        check = getattr(ops, "check_supported", None)
-        if check is None:
-            check = getattr(sys.modules.get(getattr(ops.matmul, "__module__", "")), "check_supported", None)
-        if check is None:
-            return
-        for name, w in self.matrices():
-            try:
-                check(w.qtype)
-            except ValueError as e:
-                raise ModelError(f"tensor {name!r}: {e}") from None
+    def check_backend(self, ops, matrices=None) -> None:
+        """ModelError at load time when `ops` has no matmul kernel for the type of one of
+        `matrices` ((name, QTensor) pairs; default every weight)."""
+        why = unsupported_matrix(ops, self.matrices() if matrices is None else matrices)
+        if why:
+            raise ModelError(why)
 
     # --- the model interface the engine uses -------------------------------------------------
     @property
@@ -360,6 +344,35 @@ def _rope_store(ops, q, k, v, kv: LayerKV, batch: Batch, rope: RopeParams, eps: 
     if fused is not None:
         return fused(q, k, v, kv, batch.positions, batch.slot_mapping, rope, eps, q_norm, k_norm)
     return rope_store_kv_by_ops(ops, q, k, v, kv, batch.positions, batch.slot_mapping, rope, eps, q_norm, k_norm)
+
+
+def layer_matrices(lw: LayerWeights):
+    """(name, QTensor) of every matrix layer `lw` multiplies by (stacked experts as one each)."""
+    ffn = lw.ffn
+    for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wo,
+              *((ffn.gate, ffn.up, ffn.down) if ffn is not None else ())):
+        if w is not None:
+            yield w.name, w
+    if lw.moe is not None:
+        yield from lw.moe.matrices()
+
+
+def unsupported_matrix(ops, matrices) -> str:
+    """Why backend `ops` cannot multiply by one of `matrices` ((name, QTensor) pairs), "" if it can:
+    asks `check_supported(qtype)` of the backend, or of the module defining its matmul."""
+    import sys
+
+    check = getattr(ops, "check_supported", None)
+    if check is None:
+        check = getattr(sys.modules.get(getattr(ops.matmul, "__module__", "")), "check_supported", None)
+    if check is None:
+        return ""
+    for name, w in matrices:
+        try:
+            check(w.qtype)
+        except ValueError as e:
+            return f"tensor {name!r}: {e}"
+    return ""
 
 
 def _nbytes(w) -> int:

@@ -7,7 +7,7 @@ import pytest
 
 from edged.backends.cuda.probe import DeviceInfo
 from edged.models import load_model
-from edged.offload import SAFETY_MARGIN_BYTES, OffloadError, parse_gpu_layers, plan, workspace_bytes
+from edged.offload import SAFETY_MARGIN_BYTES, OffloadError, apply, parse_gpu_layers, plan, workspace_bytes
 from edged.quant import load_gguf
 from tests.helpers.tiny_models import write_tiny_model
 
@@ -108,3 +108,43 @@ def test_cpu_only_run_never_imports_cuda_modules(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cpu []"
+
+
+def test_layers_with_a_type_the_device_lacks_stay_on_the_host(tmp_path):
+    """Layer 1's ffn_down is Q4_K (layer 0's Q6_K): a device without Q4_K takes layer 0 and the
+    F16 output; the host runs layer 1, and placing checks each backend only on its own weights."""
+    from gguf import GGMLQuantizationType as T
+
+    from tests.helpers.fake_device import make_fake_device
+    from tests.models.driver import greedy
+
+    path = write_tiny_model(tmp_path / "m.gguf", "llama")
+    want = greedy(load_model(load_gguf(path)), [5, 17, 42, 9], 3).ids
+    model = load_model(load_gguf(path))
+    dev = make_fake_device(unsupported={T.Q4_K})
+    p = plan(model, "cuda", "99", kv_tokens=64, probe=_device(2**40), device_ops=dev)
+    assert (p.gpu_layers, p.output_on_gpu) == (1, True)
+    assert "layers 1 and after stay on the CPU (tensor 'blk.1.ffn_down.weight'" in p.describe()
+    apply(model, p, device_ops=dev)
+    assert model.layer_ops[0] is dev and model.output_ops is dev
+    assert greedy(model, [5, 17, 42, 9], 3).ids == want
+
+
+def test_output_of_a_type_the_device_lacks_stays_on_the_host(model):
+    from gguf import GGMLQuantizationType as T
+
+    from tests.helpers.fake_device import make_fake_device
+
+    p = plan(model, "cuda", "99", kv_tokens=64, probe=_device(2**40), device_ops=make_fake_device(unsupported={T.F16}))
+    # F16 is also layer 0's ffn_gate: nothing goes to the device
+    assert (p.gpu_layers, p.output_on_gpu) == (0, False)
+    assert "the output projection stays on the CPU" in p.describe()
+
+
+def test_cuda_type_table_needs_no_numba_cuda():
+    """The planner asks the CUDA backend's type table before choosing the device: it must not load numba.cuda."""
+    code = ("import sys; from edged.backends.cuda import types; types.check_supported(8); "
+            "print(any(m.startswith(('numba.cuda', 'numba_cuda')) for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -214,8 +214,8 @@ def _key_range(seq_starts, positions, t, window, c, chunk):
 
 @cuda.jit(device=True, inline=True)
 def _kv_at(c, sc, blk, o, kh, z):
-    """float32 value of cache element c[blk, o, kh, z]: f32 / f16 (sc None) or q8_0 (times its scale)."""
-    if sc is None:
+    """float32 value of cache element c[blk, o, kh, z]: f32 / f16 (sc empty) or q8_0 (times its scale)."""
+    if sc.shape[0] == 0:
         return float32(c[blk, o, kh, z])
     return float32(c[blk, o, kh, z]) * float32(sc[blk, o, kh, z // 32])
 
@@ -300,7 +300,7 @@ def _attention(q, kc, vc, ks, vs, block_tables, seq_starts, positions, window, s
     one chunk the normalized result goes to out [n, h, hd]; otherwise each block leaves (max, sum,
     unnormalized weighted V) in part_m / part_l [n, h, chunks], part_acc [n, h, chunks, hd].
     sinks float32 [h] ([0]: none) add e^sink to a head's denominator. ks / vs: q8_0's scales
-    [nb, bs, kvh, hd / 32], None for f32 / f16 caches."""
+    [nb, bs, kvh, hd / 32], empty ([0, 1, 1, 1]) for f32 / f16 caches."""
     sq = cuda.shared.array(MAX_GHD, float32)  # [g, hd] the query heads of this kv head
     ssc = cuda.shared.array((MAX_G, _MAX_THREADS), float32)  # [g, tile] scores, then probabilities
     sblk = cuda.shared.array(_MAX_THREADS, int32)  # [tile] cache block of each key
@@ -431,8 +431,11 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
         part_m = cuda.device_array((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_l = cuda.device_array((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_acc = cuda.device_array((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
+    # a real device launches no None argument: f32 / f16 caches pass empty scale planes
+    ks = kv.k_scale if kv.k_scale is not None else cuda.device_array((0, 1, 1, 1), dtype=np.float16)
+    vs = kv.v_scale if kv.v_scale is not None else ks
     _attention[(n, kvh, n_chunks), ATT_THREADS](
-        q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
+        q, kv.k, kv.v, ks, vs, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
         np.float32(scale), np.float32(softcap), np.int32(CHUNK), sinks, out, part_m, part_l, part_acc)
     if n_chunks > 1:
         blocks, threads = launch_1d(n * h * hd)

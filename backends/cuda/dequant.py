@@ -320,5 +320,3 @@ DECODERS = {
     T.Q6_K: (q6_k_load4, q6_k_scales, K16),
     T.IQ4_XS: (iq4_xs_load4, iq4_xs_scales, K32),
 }
-
-FLOAT_TYPES = (T.F32, T.F16, T.BF16)

@@ -19,24 +19,14 @@ from edged.backends.cuda.matmul_float import bf16_value, f16_value, f32_value, m
 from edged.backends.cuda.matmul_int import make_int_kernels
 from edged.backends.cuda.matmul_layout import MV_MAX_N, MV_THREADS, MV_WARPS, TILE_ROWS, TILE_THREADS, TILE_TOKENS
 from edged.backends.cuda.memory import DeviceMatrix, as_device
-from edged.quant.types import TYPE_TRAITS, traits
+from edged.backends.cuda.types import FLOAT_TYPES, INT_TYPES, check_supported, supported_types  # noqa: F401 (re-exported)
+from edged.quant.types import traits
 
 # float types: (element decoder, dtype of the rows' typed view)
 _FLOAT = {T.F32: (f32_value, np.float32), T.F16: (f16_value, np.uint16), T.BF16: (bf16_value, np.uint16)}
+if set(_FLOAT) != set(FLOAT_TYPES) or set(DECODERS) != set(INT_TYPES):
+    raise ImportError("backends/cuda/types.py lists other types than the kernels have")
 _KERNELS: dict = {}  # qtype -> (matvec, tiled), built on first use (each compiles on its first launch)
-
-
-def supported_types() -> tuple:
-    """Types with a CUDA matmul kernel, in TYPE_TRAITS order."""
-    return tuple(t for t in TYPE_TRAITS if t in _FLOAT or t in DECODERS)
-
-
-def check_supported(qtype) -> None:
-    """Raise ValueError (naming the type) unless a CUDA matmul kernel exists for `qtype`."""
-    tt = traits(qtype)  # ValueError for types edged does not know at all
-    if tt.qtype not in _FLOAT and tt.qtype not in DECODERS:
-        names = ", ".join(t.name for t in supported_types())
-        raise ValueError(f"no CUDA matmul kernel for tensor type {tt.qtype.name}; supported: {names}")
 
 
 def kernels_for(qtype):
