@@ -33,7 +33,7 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str,
 @click.option("--retune", is_flag=True, help="With --kernels: time every kernel variant again (as EDGED_TUNE=force "
               "does at load) and rewrite the tuning cache.")
 @click.option("--tune-budget", type=click.FloatRange(0), default=None,
-              help="Seconds the kernel tuning may spend [default: EDGED_TUNE_BUDGET_S or 3].")
+              help="Seconds the kernel tuning may spend [default: EDGED_TUNE_BUDGET_S or 10].")
 @click.option("--repeat", type=click.IntRange(1), default=5, show_default=True, help="Runs per figure (median).")
 @click.option("--bandwidth-mib", type=click.IntRange(64), default=1024, show_default=True,
               help="Size of the streaming-read buffer that measures memory bandwidth.")
