@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends.cpu.sampling import draw_softmax, softmax_denominator, warm_up
+from edged.backends.cpu.sampling import draw_softmax, rows_scan, softmax_denominator, warm_up
 from edged.sampling_params import MAX_LOGPROBS, SamplingParams
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -205,13 +205,15 @@ def _logprobs(logits: np.ndarray, rows: list[int], tokens: np.ndarray,
 def sample(logits: np.ndarray, params: Sequence[SamplingParams],
            histories: Sequence[Any] | None = None,
            rngs: Sequence[np.random.Generator | None] | None = None,
+           argmax: np.ndarray | None = None,
            ) -> tuple[np.ndarray, list[TokenLogprobs | None]]:
     """Sample one token per row.
 
     logits: float32 [n, V]. params: n SamplingParams. histories: n token-id sequences (or None)
     that the penalties look at — the caller decides whether the prompt is included (llama.cpp
     feeds it, OpenAI's presence/frequency penalties count generated tokens only). rngs: n
-    generators, one per request (see :func:`make_rng`); may be None for greedy rows.
+    generators, one per request (see :func:`make_rng`); may be None for greedy rows. argmax: int [n],
+    each row's argmax when the caller already has it (backends/cpu/sampling.rows_scan of these logits).
 
     Returns token ids int32 [n] and, per row, TokenLogprobs when ``params[i].logprobs`` is not None.
     """
@@ -230,9 +232,14 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams],
     plain_greedy = [i for i, p in enumerate(params)
                     if p.greedy and not p.logit_bias and not p.has_penalties]
     if len(plain_greedy) == n:
-        # Every row greedy with nothing to adjust (the common serving case): one argmax over the
-        # batch in place, no copy of the [n, V] logits, no per-row Python.
-        tokens[:] = logits.argmax(axis=1)
+        # Every row greedy with nothing to adjust (the common serving case): one parallel argmax
+        # over the batch in place, no copy of the [n, V] logits; a row holding NaN or inf takes
+        # numpy's argmax (NaN first), which the check below then refuses or keeps as before.
+        if argmax is None:
+            argmax, finite = rows_scan(logits)
+            for r in np.flatnonzero(~finite):
+                argmax[r] = logits[r].argmax()
+        tokens[:] = argmax
         if not np.isfinite(logits[np.arange(n), tokens]).all():
             raise ValueError("logits contain NaN or are all -inf")
     elif plain_greedy:
@@ -275,7 +282,7 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, request_ids: Sequence[Any],
                params: Sequence[SamplingParams], histories: Sequence[Any] | None = None,
-               ) -> tuple[np.ndarray, list[TokenLogprobs | None]]:
+               argmax: np.ndarray | None = None) -> tuple[np.ndarray, list[TokenLogprobs | None]]:
         """Like :func:`sample`, creating each request's generator from its seed on first use."""
         rngs = []
         for rid, p in zip(request_ids, params, strict=True):
@@ -283,7 +290,7 @@ class Sampler:
             if rng is None:
                 rng = self._rngs[rid] = make_rng(p)
             rngs.append(rng)
-        return sample(logits, params, histories, rngs)
+        return sample(logits, params, histories, rngs, argmax)
 
     def warm_up(self) -> None:
         """Compile (or load from the on-disk cache) the sampling kernels now, not inside the

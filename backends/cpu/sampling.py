@@ -94,9 +94,63 @@ def draw_softmax(row, mx, inv_t, u):
     return -1
 
 
+SCAN_CHUNK = 16384  # elements per task of rows_scan: a 262k row splits over every core at c = 1
+_EXP = np.int32(0x7F800000)  # a float32's exponent bits: all set = inf or NaN
+
+
+@nb.njit(inline="always")
+def _order_key(u):
+    """int32 key of float32 bits u whose signed order is the floats' (for non-NaN values; -0.0
+    keys as +0.0, equal as the floats are)."""
+    u = u if u != np.int32(-2147483648) else np.int32(0)
+    return u ^ ((u >> 31) & np.int32(0x7FFFFFFF))
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def _chunk_scan(bits, chunk, keys, bad):
+    """Per (row, chunk) task: the largest order key and whether a value is inf or NaN (integer
+    ops on the float bits: they vectorize, and no fast-math flag can fold the NaN test away)."""
+    n, v = bits.shape
+    nc = keys.shape[1]
+    for t in nb.prange(n * nc):
+        r, c = t // nc, t % nc
+        seg = bits[r, c * chunk : min(c * chunk + chunk, v)]
+        k = np.int32(-2147483648)
+        b = np.int32(0)
+        for i in range(seg.shape[0]):
+            u = seg[i]
+            k = max(k, _order_key(u))
+            b |= np.int32((u & _EXP) == _EXP)
+        keys[r, c] = k
+        bad[r, c] = b
+
+
+def rows_scan(logits: np.ndarray, argmax: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """(argmax int64 [n], finite bool [n]) of float32 logits [n, V] in one parallel pass with no
+    [n, V] temporary: the first index of each row's largest value (numpy's argmax where the row
+    holds no NaN) and whether every value of the row is finite; argmax=False leaves the first None."""
+    n, v = logits.shape
+    bits = np.ascontiguousarray(logits, dtype=np.float32).view(np.int32)  # [n, V]
+    nc = max(1, -(-v // SCAN_CHUNK))
+    keys = np.empty((n, nc), np.int32)  # [n, chunks]
+    bad = np.empty((n, nc), np.int32)  # [n, chunks]
+    _chunk_scan(bits, SCAN_CHUNK, keys, bad)
+    finite = ~bad.any(axis=1)
+    if not argmax:
+        return None, finite
+    best = np.zeros(n, np.int64)
+    top = keys.max(axis=1)
+    for r in range(n):  # the first chunk holding the row's max, then the first index in it
+        c = int(np.argmax(keys[r] == top[r]))
+        lo = c * SCAN_CHUNK
+        best[r] = lo + int(np.argmax(logits[r, lo : lo + SCAN_CHUNK]))
+    return best, finite
+
+
 def warm_up() -> None:
-    """Compile (or load from the on-disk cache) both kernels, so a first sampled request does not
+    """Compile (or load from the on-disk cache) the kernels, so a first sampled request does not
     pay the JIT inside an engine step."""
     row = np.zeros(3, dtype=np.float32)
     softmax_denominator(row, np.float32(0.0), np.float32(1.0))
     draw_softmax(row, np.float32(0.0), np.float32(1.0), 0.5)
+    rows_scan(row[None, :])

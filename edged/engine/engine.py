@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from edged.backends.cpu.sampling import rows_scan
 from edged.engine.masks import StepMasks
 from edged.engine.nonfinite import NonFiniteLogits, nonfinite_rows
 from edged.engine.output import OutputState
@@ -387,9 +388,13 @@ class Engine:
         if samplers:
             full_logits = logits
             logits = logits[: len(samplers)]  # [len(samplers), vocab] (a view); drafts', scored rows follow
-            bad = nonfinite_rows(logits)  # before the grammar masks add their -inf
+            # one pass: each row's finiteness (before the grammar masks add their -inf) and argmax
+            argmax, finite = rows_scan(logits)
+            bad = np.flatnonzero(~finite).tolist()
             logits, failed = self.masks.apply(masked, logits)
-            results = self._sample_finite(logits, lives, bad) if bad else self._sample(logits, lives)
+            if masked is not None:
+                argmax = None  # the masks changed the rows
+            results = self._sample_finite(logits, lives, bad) if bad else self._sample(logits, lives, argmax)
             for r, err in failed.items():
                 results[r] = RuntimeError(err)
             for r, (d0, k) in rows.drafts.items():  # draft rows follow the sampled ones
@@ -451,13 +456,14 @@ class Engine:
                 results[r] = res
         return results
 
-    def _sample(self, logits: np.ndarray, lives: list[_Live]) -> list:
-        """(token, logprob info) per row, or the exception that row's sampling raised."""
+    def _sample(self, logits: np.ndarray, lives: list[_Live], argmax: np.ndarray | None = None) -> list:
+        """(token, logprob info) per row, or the exception that row's sampling raised; argmax:
+        the rows' argmax when the step already has it (rows_scan)."""
         ids = [lv.req.request_id for lv in lives]
         params = [lv.params for lv in lives]
         hist = [lv.req.token_ids for lv in lives]
         try:
-            tokens, infos = self.sampler.sample(logits, ids, params, hist)
+            tokens, infos = self.sampler.sample(logits, ids, params, hist, argmax=argmax)
             return list(zip(tokens.tolist(), infos))
         except Exception:  # one bad row must not fail the others: retry row by row
             results = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edged.backends.cpu.sampling import rows_scan
+
 
 class NonFiniteLogits(Exception):
     """The result of a row whose logits are not finite; its message is the request's error."""
@@ -16,9 +18,7 @@ class NonFiniteLogits(Exception):
 
 
 def nonfinite_rows(logits: np.ndarray) -> list[int]:
-    """Rows of the [n, vocab] logits holding a NaN or an inf: one vectorised pass when all are finite
-    (about 25 us for one 262k-vocab row, see docs/ARCHITECTURE.md), a per-row pass only otherwise."""
-    finite = np.isfinite(logits)
-    if finite.all():
-        return []
-    return np.flatnonzero(~finite.all(axis=1)).tolist()
+    """Rows of the [n, vocab] logits holding a NaN or an inf: one parallel pass over the float bits
+    (backends/cpu/sampling.rows_scan), no [n, vocab] temporary."""
+    _, finite = rows_scan(logits, argmax=False)
+    return np.flatnonzero(~finite).tolist()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edged.backends.cpu.sampling import DRAW_BLOCK, draw_softmax, softmax_denominator
+from edged.backends.cpu.sampling import DRAW_BLOCK, SCAN_CHUNK, draw_softmax, rows_scan, softmax_denominator
 
 
 def _row(v, seed, scale=3.0, n_inf=0):
@@ -66,3 +66,33 @@ def test_draw_distribution_chi_square():
     assert counts[~live].sum() == 0
     chi2 = (((counts - expect) ** 2)[live] / expect[live]).sum()
     assert chi2 < 20.5  # 4 degrees of freedom, p ~ 0.0004
+
+
+@pytest.mark.parametrize("v", [1, 7, SCAN_CHUNK, SCAN_CHUNK + 3, 262144])
+def test_rows_scan_is_numpys_argmax_and_finiteness(v):
+    rng = np.random.default_rng(v)
+    logits = (rng.standard_normal((5, v)) * 8 - 20).astype(np.float32)  # [5, v], mostly negative
+    logits[1] = -np.abs(logits[1])  # every value negative
+    if v > 2:
+        logits[2, [v // 3, v - 1]] = logits[2].max() + 1  # a tie: the first index wins
+    best, finite = rows_scan(logits)
+    np.testing.assert_array_equal(best, logits.argmax(axis=1))
+    assert finite.all() and rows_scan(logits, argmax=False)[0] is None
+
+
+def test_rows_scan_flags_inf_and_nan_rows_only():
+    logits = np.random.default_rng(0).standard_normal((6, 3 * SCAN_CHUNK)).astype(np.float32)
+    logits[1, 5] = np.nan
+    logits[2, SCAN_CHUNK + 1] = np.inf
+    logits[3, -1] = -np.inf
+    logits[4, 2 * SCAN_CHUNK] = -np.nan  # a NaN with the sign bit set
+    _, finite = rows_scan(logits)
+    assert finite.tolist() == [True, False, False, False, False, True]
+
+
+def test_rows_scan_signed_zero_ties_as_numpy():
+    """The row's max is 0: -0.0 in an earlier chunk equals the +0.0 after it, as numpy's argmax says."""
+    logits = np.full((1, 2 * SCAN_CHUNK), -1.0, np.float32)
+    logits[0, 10] = -0.0
+    logits[0, SCAN_CHUNK + 10] = 0.0
+    assert rows_scan(logits)[0][0] == logits.argmax() == 10
