@@ -21,7 +21,7 @@ output projection on a backend (hybrid CPU/GPU offload): its weights are uploade
 activations cross each boundary between backends once per step.
 """
 
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
@@ -136,7 +136,8 @@ class DecoderModel:
                 self.check_backend(ops, ([(self.output.name, self.output)] if output_ops is ops else []) + mine)
         self.layer_ops = list(layer_ops)
         self.output_ops = output_ops
-        self._run_layers = [_placed(ops, lw, self.host_ops) for ops, lw in zip(self.layer_ops, self.layers)]
+        self._run_layers = [_placed(ops, _fused(ops, lw, self.host_ops), self.host_ops)
+                            for ops, lw in zip(self.layer_ops, self.layers)]
         self._run_output = _placed(output_ops, self.output, self.host_ops)
         self._run_output_norm = _placed(output_ops, self.output_norm, self.host_ops)
 
@@ -384,6 +385,29 @@ def _nbytes(w) -> int:
     if is_dataclass(w) and not isinstance(w, RopeParams):
         return sum(_nbytes(getattr(w, f.name)) for f in fields(w))
     return 0
+
+
+def _concat_rows(ws, name: str) -> QTensor:
+    """One QTensor whose rows are those of `ws` in order (one type, one width): GGUF rows are
+    independent, so each output row of a matmul by it keeps its bits."""
+    rows = sum(w.shape[0] for w in ws)
+    return QTensor(name, ws[0].qtype, (rows, ws[0].shape[1]), np.concatenate([w.rows().reshape(-1) for w in ws]))
+
+
+def _fused(ops, lw: LayerWeights, host_ops) -> LayerWeights:
+    """lw with q|k|v and gate|up each concatenated into one matrix where their types match and
+    backend `ops` fuses them (host: fuses_rows; a device always, its upload copies anyway): one
+    matmul call and one activation quantization instead of three (two)."""
+    fuses = getattr(ops, "fuses_rows", None) if ops is host_ops else (lambda qtype: True)
+    if fuses is None:
+        return lw
+    a, f = lw.attn, lw.ffn
+    if a.wq is not None and a.wq.qtype == a.wk.qtype == a.wv.qtype and fuses(a.wq.qtype):
+        name = a.wq.name.replace("attn_q", "attn_qkv", 1)
+        a = replace(a, wq=None, wk=None, wv=None, wqkv=_concat_rows([a.wq, a.wk, a.wv], name))
+    if f is not None and f.gate is not None and f.gate.qtype == f.up.qtype and fuses(f.gate.qtype):
+        f = replace(f, gate=None, up=_concat_rows([f.gate, f.up], f.gate.name.replace("ffn_gate", "ffn_gate_up", 1)))
+    return lw if (a is lw.attn and f is lw.ffn) else replace(lw, attn=a, ffn=f)
 
 
 def _placed(ops, w, host_ops):

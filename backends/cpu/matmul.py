@@ -124,6 +124,12 @@ def for_matmul(w: QTensor) -> QTensor:
     return matmul_legacy.grouped(w)
 
 
+def copies_at_upload(qtype) -> bool:
+    """Whether for_matmul copies a 2-D weight of this type (the grouped types): rows concatenated
+    before the upload then cost no memory beyond the copy made anyway."""
+    return qtype in _DISPATCH_GROUPED
+
+
 SIZE_CLASSES = ("n1", "gemv", "gemm")
 
 

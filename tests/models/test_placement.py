@@ -79,3 +79,18 @@ def test_placement_must_name_every_layer(tiny):
     model = load_model(tiny)
     with pytest.raises(ModelError, match="placement names"):
         model.place([cpu], cpu)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases added after the one matmul
+def test_same_typed_projections_run_as_one_matrix_with_the_same_bits(arch, tmp_path, monkeypatch):
+    """Every matrix Q8_0 (a grouped type: the host copies it at upload anyway): q|k|v and gate|up
+    are placed as one matrix each, and the tokens and logprobs equal the separate matrices' bit for bit."""
+    gf = load_gguf(write_tiny_model(tmp_path / "m.gguf", arch, seed=4, matrix_type=T.Q8_0))
+    fused = load_model(gf)
+    assert all(lw.attn.wqkv is not None and lw.ffn.gate is None for lw in fused._run_layers)
+    assert fused._run_layers[0].attn.wqkv.name == "blk.0.attn_qkv.weight"
+    monkeypatch.setattr(cpu, "fuses_rows", lambda qtype: False)
+    apart = load_model(gf)
+    assert all(lw.attn.wqkv is None and lw.ffn.gate is not None for lw in apart._run_layers)
+    a, b = greedy(fused, PROMPT, 6), greedy(apart, PROMPT, 6)
+    assert a.ids == b.ids and a.steps == b.steps
