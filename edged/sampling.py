@@ -232,7 +232,7 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams],
     plain_greedy = [i for i, p in enumerate(params)
                     if p.greedy and not p.logit_bias and not p.has_penalties]
     if len(plain_greedy) == n:
-        # Every row greedy with nothing to adjust (the common serving case): one parallel argmax
+        # Every row greedy with nothing to adjust (the common serving case): one argmax
         # over the batch in place, no copy of the [n, V] logits; a row holding NaN or inf takes
         # numpy's argmax (NaN first), which the check below then refuses or keeps as before.
         if argmax is None:

@@ -94,7 +94,7 @@ def draw_softmax(row, mx, inv_t, u):
     return -1
 
 
-SCAN_CHUNK = 16384  # elements per task of rows_scan: a 262k row splits over every core at c = 1
+SCAN_CHUNK = 16384  # elements per chunk of rows_scan: the argmax's second look is one chunk
 _EXP = np.int32(0x7F800000)  # a float32's exponent bits: all set = inf or NaN
 
 
@@ -106,13 +106,15 @@ def _order_key(u):
     return u ^ ((u >> 31) & np.int32(0x7FFFFFFF))
 
 
-@nb.njit(cache=True, nogil=True, parallel=True)
+@nb.njit(cache=True, nogil=True)
 def _chunk_scan(bits, chunk, keys, bad):
-    """Per (row, chunk) task: the largest order key and whether a value is inf or NaN (integer
-    ops on the float bits: they vectorize, and no fast-math flag can fold the NaN test away)."""
+    """Per (row, chunk): the largest order key and whether a value is inf or NaN (integer ops on
+    the float bits: they vectorize, and no fast-math flag can fold the NaN test away). Serial on
+    purpose: it runs on the engine's thread, and an OpenMP team there would throttle the compute
+    thread's team (edged/server/compute_thread.py)."""
     n, v = bits.shape
     nc = keys.shape[1]
-    for t in nb.prange(n * nc):
+    for t in range(n * nc):
         r, c = t // nc, t % nc
         seg = bits[r, c * chunk : min(c * chunk + chunk, v)]
         k = np.int32(-2147483648)
@@ -126,7 +128,7 @@ def _chunk_scan(bits, chunk, keys, bad):
 
 
 def rows_scan(logits: np.ndarray, argmax: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
-    """(argmax int64 [n], finite bool [n]) of float32 logits [n, V] in one parallel pass with no
+    """(argmax int64 [n], finite bool [n]) of float32 logits [n, V] in one pass with no
     [n, V] temporary: the first index of each row's largest value (numpy's argmax where the row
     holds no NaN) and whether every value of the row is finite; argmax=False leaves the first None."""
     n, v = logits.shape

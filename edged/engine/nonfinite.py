@@ -18,7 +18,7 @@ class NonFiniteLogits(Exception):
 
 
 def nonfinite_rows(logits: np.ndarray) -> list[int]:
-    """Rows of the [n, vocab] logits holding a NaN or an inf: one parallel pass over the float bits
+    """Rows of the [n, vocab] logits holding a NaN or an inf: one pass over the float bits
     (backends/cpu/sampling.rows_scan), no [n, vocab] temporary."""
     _, finite = rows_scan(logits, argmax=False)
     return np.flatnonzero(~finite).tolist()
