@@ -2,7 +2,7 @@
 
     matmul, embed, rms_norm, rope, gelu_tanh_mul, silu_mul, swiglu_oai_mul, softcap, add, scale,
     store_kv, attention, allocate_kv, moe_combine, moe_matmul, rope_store_kv (rms_norm + rope + store_kv),
-    upload, to_host, upload_matrix, fuses_rows, prepare_batch, take_rows, slice_cols   (host.py: placement)
+    upload, to_host, upload_matrix, prepare_batch, take_rows, slice_cols   (host.py: placement); fuses_rows (matmul.py)
 
 Note: the function `attention` shadows the submodule of the same name as a package attribute;
 reach kernel internals with `from edged.backends.cpu.attention import ...`.
@@ -11,8 +11,8 @@ reach kernel internals with `from edged.backends.cpu.attention import ...`.
 from edged.backends.cpu.activations import add, gelu_tanh_mul, scale, silu_mul, softcap, swiglu_oai_mul
 from edged.backends.cpu.attention import allocate_kv, attention, store_kv
 from edged.backends.cpu.embed import embed
-from edged.backends.cpu.host import fuses_rows, prepare_batch, slice_cols, take_rows, to_host, upload, upload_matrix
-from edged.backends.cpu.matmul import matmul
+from edged.backends.cpu.host import prepare_batch, slice_cols, take_rows, to_host, upload, upload_matrix
+from edged.backends.cpu.matmul import fuses_rows, matmul
 from edged.backends.cpu.moe_combine import moe_combine
 from edged.backends.cpu.moe_matmul import moe_matmul
 from edged.backends.cpu.norm_rope import rms_norm, rope

@@ -8,7 +8,7 @@ a layer boundary between backends and to cut activations without touching their 
 import numpy as np
 
 from edged.backends.base import Batch
-from edged.backends.cpu.matmul import copies_at_upload, for_matmul
+from edged.backends.cpu.matmul import for_matmul
 from edged.quant.tensor import QTensor
 
 
@@ -26,12 +26,6 @@ def upload_matrix(w: QTensor) -> QTensor:
     """A weight as this backend's matmul reads it fastest: the 32-element block types as a copy
     with grouped rows (legacy_groups.py), every other type the mmap'd QTensor itself."""
     return for_matmul(w)
-
-
-def fuses_rows(qtype) -> bool:
-    """Whether the decoder may concatenate same-typed weights over one input (q|k|v, gate|up) into
-    one matrix for this backend: where upload_matrix copies that type anyway (no extra memory)."""
-    return copies_at_upload(qtype)
 
 
 def prepare_batch(batch: Batch) -> Batch:

@@ -124,9 +124,10 @@ def for_matmul(w: QTensor) -> QTensor:
     return matmul_legacy.grouped(w)
 
 
-def copies_at_upload(qtype) -> bool:
-    """Whether for_matmul copies a 2-D weight of this type (the grouped types): rows concatenated
-    before the upload then cost no memory beyond the copy made anyway."""
+def fuses_rows(qtype) -> bool:
+    """Whether the decoder may concatenate same-typed weights over one input (q|k|v, gate|up) into
+    one matrix for this backend: where for_matmul copies that type anyway (the grouped types), so
+    the concatenation costs no memory beyond that copy."""
     return qtype in _DISPATCH_GROUPED
 
 

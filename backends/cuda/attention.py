@@ -19,6 +19,7 @@ kernels widen each element as they read it (_kv_at).
 """
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -385,6 +386,13 @@ def _combine_chunks(part_m, part_l, part_acc, sinks, out):
     out[t, h, d] = a / tot
 
 
+@functools.lru_cache(maxsize=None)
+def _empty(shape: tuple, dtype) -> object:
+    """An empty device array standing for "none" (no sinks, no q8_0 scales): made once, not at
+    every layer of every step."""
+    return cuda.device_array(shape, dtype=dtype)
+
+
 def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softcap: float = 0.0,
               sinks=None):
     """Causal attention of device q float32 [n, h, hd] over the paged device cache -> new [n, h, hd].
@@ -410,7 +418,7 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
     if batch.block_tables.ndim != 2:
         raise ValueError(f"attention: block_tables must be [n_seqs, max_blocks], got {tuple(batch.block_tables.shape)}")
     if sinks is None:
-        sinks = cuda.device_array(0, dtype=np.float32)
+        sinks = _empty((0,), np.float32)
     else:
         sinks = as_device(sinks if is_device(sinks) else check_sinks(sinks, h), np.float32, "attention sinks")
         if tuple(sinks.shape) != (h,):
@@ -432,7 +440,7 @@ def attention(q, kv: LayerKV, batch: Batch, scale: float, window: int = 0, softc
         part_l = cuda.device_array((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_acc = cuda.device_array((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     # a real device launches no None argument: f32 / f16 caches pass empty scale planes
-    ks = kv.k_scale if kv.k_scale is not None else cuda.device_array((0, 1, 1, 1), dtype=np.float16)
+    ks = kv.k_scale if kv.k_scale is not None else _empty((0, 1, 1, 1), np.float16)
     vs = kv.v_scale if kv.v_scale is not None else ks
     _attention[(n, kvh, n_chunks), ATT_THREADS](
         q, kv.k, kv.v, ks, vs, batch.block_tables, batch.seq_starts, batch.positions, np.int32(window),
