@@ -19,7 +19,7 @@ import numpy as np
 
 from edged.backends.cpu.act_quant import quantize_activations
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot_prefetch
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
 from edged.backends.cpu import lowbit_rows
 from edged.backends.cpu.matmul import gemv_max_n, matmul, takes_q8
@@ -36,6 +36,14 @@ def _prepare(xq, xd, xs, rows, kind):
     """The gemv's activation operands of x's rows `rows` (int32 [P], in pair order): x int8 [P, k]
     (the per-32 types' interleaved layout), xa, xb float32 [P, nf], as gemv_kquant makes them."""
     return gemv_operands(xq[rows], xd[rows], xs[rows], kind)  # gather first: every step is per row
+
+
+# bytes ahead that the experts kernels prefetch: expert slabs are read cold, a token's worth at a
+# time, and matmul's tuned prefetch knob does not reach these (group, rows) tasks. K-quants: Q4_K
+# 2 x 1024 x 1024 gate/up at decode 334 -> 239 us at 2,048-3,072 bytes (Intel Xeon, docs/BENCHMARKS.md);
+# legacy: 1.18x decode on a Q8_0-expert MoE (AMD Zen 4)
+KQUANT_EXPERT_PREFETCH = 2048
+EXPERT_PREFETCH = 4096
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -71,7 +79,8 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, 
                     lowbit_rows.rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, tail, y, o0, o1,
                                          m)
                 else:
-                    rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, y, o0, o1, m)
+                    rows_dot_prefetch(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, y, o0, o1, m,
+                                      KQUANT_EXPERT_PREFETCH)
                 t += nt
 
 
@@ -97,12 +106,6 @@ def _prepare_legacy(xq, xd, xs, rows, cuts, small):
         if small[g]:
             repack_groups8(xg[cuts[g]:cuts[g + 1]], xt[poff[g]:poff[g + 1]])
     return xg, xdg, xsg, xt, poff
-
-
-# bytes ahead that the legacy experts kernel prefetches: expert slabs are read cold, one token's
-# worth at a time (1.18x decode on a Q8_0-expert MoE, docs/BENCHMARKS.md); the matmul gemv's own
-# prefetch knob is tuned per shape, which this kernel's (group, rows) tasks do not go through
-EXPERT_PREFETCH = 4096
 
 
 def _make_experts_gemv_legacy(qtype):
