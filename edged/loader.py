@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edged.backends.base import KV_DEFAULT, Batch
+from edged.backends.cpu.rows_scan_parallel import rows_scan_parallel
 from edged.chat import ChatTemplate
 from edged.chat_limits import ChatTemplateError
 from edged.model_path import resolve_model_path
@@ -73,6 +74,7 @@ def warm_up(model, sizes=_WARMUP_SIZES, progress: Progress | None = None) -> flo
         model.forward(Batch.single(np.zeros(n, dtype=np.int32), 0, 4, bs), kv)
         if progress is not None:
             progress.advance(1, f"{n}-token pass")
+    rows_scan_parallel(np.zeros((1, 1), np.float32))  # the server's compute thread scans big steps' logits
     return time.perf_counter() - t0
 
 

@@ -96,50 +96,51 @@ def draw_softmax(row, mx, inv_t, u):
 
 SCAN_CHUNK = 16384  # elements per chunk of rows_scan: the argmax's second look is one chunk
 _EXP = np.int32(0x7F800000)  # a float32's exponent bits: all set = inf or NaN
+_MAG = np.int32(0x7FFFFFFF)  # all but the sign bit
 
 
 @nb.njit(inline="always")
-def _order_key(u):
-    """int32 key of float32 bits u whose signed order is the floats' (for non-NaN values; -0.0
-    keys as +0.0, equal as the floats are)."""
-    u = u if u != np.int32(-2147483648) else np.int32(0)
-    return u ^ ((u >> 31) & np.int32(0x7FFFFFFF))
+def scan_chunk(bits, r, c, chunk, keys, bad):
+    """keys[r, c] = the largest order key of chunk c of row r of int32 float bits [n, V] (a key
+    whose signed order is the floats': u ^ ((u >> 31) & 0x7FFFFFFF), so -0.0 keys as -1, just
+    below +0.0's 0); bad[r, c] = the chunk's largest magnitude bits (>= _EXP: an inf or NaN).
+    Integer max / and / xor only: the loop vectorizes, and no fast-math flag can fold it away."""
+    seg = bits[r, c * chunk : min(c * chunk + chunk, bits.shape[1])]
+    k = np.int32(-2147483648)
+    b = np.int32(0)
+    for i in range(seg.shape[0]):
+        u = seg[i]
+        k = max(k, u ^ ((u >> 31) & _MAG))
+        b = max(b, u & _MAG)
+    keys[r, c] = k
+    bad[r, c] = b
 
 
 @nb.njit(cache=True, nogil=True)
 def _chunk_scan(bits, chunk, keys, bad):
-    """Per (row, chunk): the largest order key and whether a value is inf or NaN (integer ops on
-    the float bits: they vectorize, and no fast-math flag can fold the NaN test away). Serial on
-    purpose: it runs on the engine's thread, and an OpenMP team there would throttle the compute
-    thread's team (edged/server/compute_thread.py)."""
-    n, v = bits.shape
+    """scan_chunk over every (row, chunk). Serial on purpose: it runs on the engine's thread, and
+    an OpenMP team there would throttle the compute thread's team (edged/server/compute_thread.py);
+    the server runs large scans on the compute thread instead (backends/cpu/rows_scan_parallel.py)."""
     nc = keys.shape[1]
-    for t in range(n * nc):
-        r, c = t // nc, t % nc
-        seg = bits[r, c * chunk : min(c * chunk + chunk, v)]
-        k = np.int32(-2147483648)
-        b = np.int32(0)
-        for i in range(seg.shape[0]):
-            u = seg[i]
-            k = max(k, _order_key(u))
-            b |= np.int32((u & _EXP) == _EXP)
-        keys[r, c] = k
-        bad[r, c] = b
+    for t in range(bits.shape[0] * nc):
+        scan_chunk(bits, t // nc, t % nc, chunk, keys, bad)
 
 
-def rows_scan(logits: np.ndarray, argmax: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+def rows_scan(logits: np.ndarray, argmax: bool = True, scan=_chunk_scan) -> tuple[np.ndarray | None, np.ndarray]:
     """(argmax int64 [n], finite bool [n]) of float32 logits [n, V] in one pass with no
     [n, V] temporary: the first index of each row's largest value (numpy's argmax where the row
-    holds no NaN) and whether every value of the row is finite; argmax=False leaves the first None."""
+    holds no NaN) and whether every value of the row is finite; argmax=False leaves the first None.
+    scan: the (bits, chunk, keys, bad) kernel over every chunk (serial by default)."""
     n, v = logits.shape
     bits = np.ascontiguousarray(logits, dtype=np.float32).view(np.int32)  # [n, V]
     nc = max(1, -(-v // SCAN_CHUNK))
     keys = np.empty((n, nc), np.int32)  # [n, chunks]
     bad = np.empty((n, nc), np.int32)  # [n, chunks]
-    _chunk_scan(bits, SCAN_CHUNK, keys, bad)
-    finite = ~bad.any(axis=1)
+    scan(bits, SCAN_CHUNK, keys, bad)
+    finite = ~(bad >= _EXP).any(axis=1)
     if not argmax:
         return None, finite
+    keys[keys == -1] = 0  # -0.0 ties with +0.0, as numpy's argmax has it
     best = np.zeros(n, np.int64)
     top = keys.max(axis=1)
     for r in range(n):  # the first chunk holding the row's max, then the first index in it

@@ -155,6 +155,8 @@ class Engine:
         self._check_window_pool()
         self.sampler = Sampler()
         self.sampler.warm_up()
+        # the sampled rows' argmax and finiteness: the server's model runs big scans on its compute thread
+        self._rows_scan = getattr(model, "rows_scan", rows_scan)
         self.masks = StepMasks(model.vocab_size)  # grammar masks of constrained rows
         if config.spec not in (None, *SPEC_METHODS):
             raise ValueError(f"spec must be None or one of {', '.join(SPEC_METHODS)}, got {config.spec!r}")
@@ -389,7 +391,7 @@ class Engine:
             full_logits = logits
             logits = logits[: len(samplers)]  # [len(samplers), vocab] (a view); drafts', scored rows follow
             # one pass: each row's finiteness (before the grammar masks add their -inf) and argmax
-            argmax, finite = rows_scan(logits)
+            argmax, finite = self._rows_scan(logits)
             bad = np.flatnonzero(~finite).tolist()
             logits, failed = self.masks.apply(masked, logits)
             if masked is not None:

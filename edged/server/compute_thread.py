@@ -13,6 +13,11 @@ from __future__ import annotations
 import queue
 import threading
 
+from edged.backends.cpu.rows_scan_parallel import rows_scan_parallel
+from edged.backends.cpu.sampling import rows_scan
+
+SCAN_PARALLEL_ROWS = 4  # fewer rows: the hand-off to the compute thread costs more than it saves
+
 
 class _Job:
     __slots__ = ("fn", "args", "result", "error", "done")
@@ -74,6 +79,13 @@ class SharedForward:
 
     def forward(self, batch, kv):
         return self._compute.run(self._model.forward, batch, kv)
+
+    def rows_scan(self, logits):
+        """backends/cpu/sampling.rows_scan of the sampled rows: from 4 rows on (1 MB each at a
+        262k vocabulary) a parallel pass on the compute thread, beside whose team no other may run."""
+        if logits.shape[0] < SCAN_PARALLEL_ROWS:
+            return rows_scan(logits)
+        return self._compute.run(rows_scan_parallel, logits)
 
     def __getattr__(self, name):
         return getattr(self._model, name)

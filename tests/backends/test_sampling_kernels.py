@@ -105,3 +105,23 @@ def test_sampling_kernels_are_serial():
 
     kernels = [v for v in vars(s).values() if hasattr(v, "targetoptions")]
     assert len(kernels) >= 3 and not any(k.targetoptions.get("parallel") for k in kernels)
+
+
+def test_rows_scan_parallel_gives_the_serial_scan():
+    """The compute thread's parallel scan (the server's big steps) returns what the serial one does:
+    ties, signed zeros, NaN and inf rows alike."""
+    from edged.backends.cpu.rows_scan_parallel import rows_scan_parallel
+
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((7, 3 * SCAN_CHUNK + 5)) * 4).astype(np.float32)  # [7, V]
+    logits[1, [7, 2 * SCAN_CHUNK]] = logits[1].max() + 1  # a tie across chunks
+    logits[2] = -1.0
+    logits[2, 10], logits[2, SCAN_CHUNK + 10] = -0.0, 0.0
+    logits[3, 5] = np.nan
+    logits[4, -1] = -np.inf
+    best, finite = rows_scan_parallel(logits)
+    ref_best, ref_finite = rows_scan(logits)
+    np.testing.assert_array_equal(finite, ref_finite)
+    assert finite.tolist() == [True, True, True, False, False, True, True]
+    np.testing.assert_array_equal(best[finite], ref_best[finite])
+    np.testing.assert_array_equal(best[finite], logits[finite].argmax(axis=1))
