@@ -27,7 +27,7 @@ import numpy as np
 
 from edged.backends.base import Batch, LayerKV, RopeParams, check_kv_type, kv_row_bytes, rope_store_kv_by_ops
 from edged.models.errors import ModelError
-from edged.models.ffn import GATED_ACTIVATIONS, gated_ffn
+from edged.models.ffn import GATED_ACTIVATIONS, gated_ffn, matmuls
 from edged.models.hparams import HParams
 from edged.models.moe import MoEWeights, missing_ops as moe_missing_ops, moe_ffn
 from edged.quant.tensor import QTensor
@@ -320,9 +320,7 @@ class DecoderModel:
             k = ops.slice_cols(qkv, nh * hd, (nh + nkv) * hd)
             v = ops.slice_cols(qkv, (nh + nkv) * hd, (nh + 2 * nkv) * hd)
         else:
-            q = ops.matmul(a.wq, h)  # [n, nh*hd]
-            k = ops.matmul(a.wk, h)  # [n, nkv*hd]
-            v = ops.matmul(a.wv, h)  # [n, nkv*hd]
+            q, k, v = matmuls(ops, (a.wq, a.wk, a.wv), h)  # [n, nh*hd], [n, nkv*hd] x 2
         if a.bq is not None:
             q = ops.add(q, a.bq, out=q)
             k = ops.add(k, a.bk, out=k)

@@ -12,6 +12,13 @@ GATED_ACTIVATIONS = {
 }
 
 
+def matmuls(ops, ws, h) -> list:
+    """[h @ w.T for w in ws]: through the backend's matmuls (one activation quantization for all;
+    the CPU's) where it has one."""
+    fn = getattr(ops, "matmuls", None)
+    return fn(ws, h) if fn is not None else [ops.matmul(w, h) for w in ws]
+
+
 def gated_ffn(ops, f, h, act: str):
     """act(h @ gate, h @ up) @ down for FeedForwardWeights f (gate|up fused in f.up when f.gate is
     None); h [n, n_embd] -> [n, n_embd]."""
@@ -20,6 +27,5 @@ def gated_ffn(ops, f, h, act: str):
         half = gu.shape[1] // 2
         gate, up = ops.slice_cols(gu, 0, half), ops.slice_cols(gu, half, 2 * half)
     else:
-        gate = ops.matmul(f.gate, h)  # [n, n_ff]
-        up = ops.matmul(f.up, h)  # [n, n_ff]
+        gate, up = matmuls(ops, (f.gate, f.up), h)  # [n, n_ff] each
     return ops.matmul(f.down, GATED_ACTIVATIONS[act](ops, gate, up))  # [n, n_embd]

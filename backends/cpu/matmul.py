@@ -6,6 +6,7 @@ Public API
         For types whose traits().act_format == "q8_32", x is quantized ONCE per call with
         backends/cpu/act_quant.quantize_activations (or pass qx = quantize_activations(x) to share
         it between several matmuls of the same x, e.g. the q/k/v projections).
+    matmuls(ws, x) -> [y float32 [n, m_i]] matmul of each weight, x quantized once for all of them
     check_supported(qtype) -> None        raises ValueError naming the type if no kernel exists
     supported_types() -> tuple            types with kernels, in TYPE_TRAITS order
     kernels_for(qtype, grouped=False)      the two Numba kernels of a type (for inspect_asm, benches)
@@ -221,6 +222,17 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
     else:
         kern(rows, x if x.flags.c_contiguous else np.ascontiguousarray(x), out, *args)
     return out
+
+
+def matmuls(ws, x: np.ndarray) -> list:
+    """[matmul(w, x) for w in ws] with x quantized once for every weight that takes q8_32
+    activations: a layer's q, k and v (or gate and up) of different types share one quantization."""
+    q8 = [isinstance(w, QTensor) and takes_q8(w.qtype) for w in ws]
+    qx = None
+    if sum(q8) > 1 and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] % 32 == 0 \
+            and all(w.shape[-1] == x.shape[1] for w, q in zip(ws, q8) if q):
+        qx = quantize_activations(x)  # else each matmul names what is wrong with x
+    return [matmul(w, x, qx=qx if q else None) for w, q in zip(ws, q8)]
 
 
 def matmul_knobs(w: QTensor, x: np.ndarray, knobs, *, kernel: str | None = None, qx=None, out=None) -> np.ndarray:

@@ -77,3 +77,21 @@ def test_rows_view_made_once_and_not_a_field():
     assert w.rows().shape == (6, 36)
     twin = type(w)(w.name, w.qtype, w.shape, w.data)
     assert twin == w  # the cached view is no part of equality
+
+
+def test_matmuls_is_each_matmul_with_one_quantization(monkeypatch):
+    """A layer's projections of different types (Q4_K q, Q6_K v, an F32 router): the bits of each
+    matmul alone, and x quantized once for the q8_32 weights."""
+    ws = [random_qtensor(T.Q4_K, 64, 256, seed=1), random_qtensor(T.Q6_K, 32, 256, seed=2),
+          random_qtensor(T.F32, 8, 256, seed=3), random_qtensor(T.Q8_0, 16, 256, seed=4)]
+    x = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
+    calls = []
+    real = mm.quantize_activations
+    monkeypatch.setattr(mm, "quantize_activations", lambda a: calls.append(a.shape) or real(a))
+    ys = mm.matmuls(ws, x)
+    assert calls == [(3, 256)]
+    monkeypatch.setattr(mm, "quantize_activations", real)
+    for w, y in zip(ws, ys):
+        np.testing.assert_array_equal(y, mm.matmul(w, x))
+    with pytest.raises(ValueError, match="needs x of shape"):
+        mm.matmuls(ws, x[:, :128])
