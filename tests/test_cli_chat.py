@@ -248,6 +248,10 @@ def test_url_backend(tiny, tmp_path):
             proc.stdin.write(b"Write for a long time.\n")
             proc.stdin.flush()
             head = os.read(proc.stdout.fileno(), 65536)
+            deadline = time.monotonic() + 60  # interrupt the reply, not the request before it arrives
+            while _metric(server, "edged_requests_running") < 1:
+                assert time.monotonic() < deadline, "the reply never started"
+                time.sleep(0.02)
             proc.send_signal(signal.SIGINT)
             head += _read_until(proc, b"(reply stopped)", 60)
             rest, _ = proc.communicate(b"short\n", timeout=300)
@@ -268,9 +272,14 @@ def test_url_backend(tiny, tmp_path):
         assert r.exit_code == 1 and "401" in r.output
 
 
-def _aborted(server) -> float:
+def _metric(server, pattern: str) -> float:
+    """The first /metrics sample whose name and labels match `pattern` (a regex); 0 if none."""
     import httpx
 
     text = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=10).text
-    m = re.search(r'edged_requests_finished_total\{finish_reason="abort"\} ([\d.]+)', text)
+    m = re.search(pattern + r"(?:\{[^}]*\})? ([\d.e+-]+)\n", text)
     return float(m.group(1)) if m else 0.0
+
+
+def _aborted(server) -> float:
+    return _metric(server, r'edged_requests_finished_total\{finish_reason="abort"\}')
