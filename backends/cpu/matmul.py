@@ -229,9 +229,10 @@ def matmuls(ws, x: np.ndarray) -> list:
     activations: a layer's q, k and v (or gate and up) of different types share one quantization."""
     q8 = [isinstance(w, QTensor) and takes_q8(w.qtype) for w in ws]
     qx = None
-    if sum(q8) > 1 and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] % 32 == 0 \
+    # a width that matches every q8 weight's k is a multiple of 32; else each matmul names what is wrong
+    if sum(q8) > 1 and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 \
             and all(w.shape[-1] == x.shape[1] for w, q in zip(ws, q8) if q):
-        qx = quantize_activations(x)  # else each matmul names what is wrong with x
+        qx = quantize_activations(x)
     return [matmul(w, x, qx=qx if q else None) for w, q in zip(ws, q8)]
 
 
