@@ -36,6 +36,7 @@ from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
+from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
 from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
@@ -120,22 +121,40 @@ GEMM_ROWS_PER_TASK = 16  # rows per prange step; their outputs are stored as 16-
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0):
+def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass,
     in `tasks` prange steps (0: GEMM_ROWS_PER_TASK rows each); pf > 0 prefetches the weight bytes
-    pf ahead during the first tile."""
+    pf ahead. Rows are decoded once and run four at a time (legacy_gemm_quad), except with mode 1
+    for a single tile: there the decode is not shared between tiles, and a type whose words need
+    none (Q8_0) was faster decoded inside the tile (legacy_gemm_tile). The same bits either way."""
     m = w.shape[0]
     ntile = xi.shape[0]
+    nblk = xdt.shape[1] // TOKENS
+    ngroup = (nblk + GROUPS - 1) // GROUPS
     rpt = GEMM_ROWS_PER_TASK if tasks <= 0 else max(1, (m + tasks - 1) // tasks)
     for task in nb.prange((m + rpt - 1) // rpt):
-        acc = np.empty(2 * TOKENS, np.float32)  # [2 rows, 16 tokens]
+        acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
         nr = min(m - r0, rpt)
         yt = np.empty((n_live, rpt), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
-        # row pairs share each tile block's activation loads (~10% faster hot); a single tile
-        # reading its rows from DRAM ran ~1.2x slower in pairs (docs/kernels.md), so it keeps one
-        paired = nr - nr % 2 if ntile > 1 else 0  # rows done in pairs
-        for i in range(0, paired, 2):
+        quads = nr - nr % ROWS if mode == 0 or ntile > 1 else 0
+        if quads:
+            u = np.empty(ROWS * ngroup * GROUP_BYTES, np.uint8)  # [4 rows, groups, 8 words, 8 blocks, 4 bytes]
+            ds = np.empty(ROWS * ngroup * GROUPS, np.float32)  # [4 rows, groups · 8]
+            cs = np.empty(ROWS * ngroup * GROUPS, np.float32)
+            for i in range(0, quads, ROWS):
+                for q in range(ROWS):
+                    decode_row(w[r0 + i + q], kind, u, q * ngroup * GROUP_BYTES, ds, cs, q * ngroup * GROUPS, pf)
+                for tile in range(ntile):
+                    quad_tile_dot(u, ngroup * GROUP_BYTES, ds, cs, ngroup * GROUPS, xi[tile], xdt[tile], xst[tile],
+                                  acc, nblk)
+                    for t in range(min(TOKENS, n_live - tile * TOKENS)):
+                        for q in range(ROWS):
+                            yt[tile * TOKENS + t, i + q] = acc[q * TOKENS + t]
+        # the rest: row pairs share each tile block's activation loads; a single tile reading its
+        # rows from DRAM ran ~1.2x slower in pairs (docs/kernels.md), so it keeps one
+        paired = quads + ((nr - quads) - (nr - quads) % 2 if ntile > 1 else 0)  # rows done in pairs
+        for i in range(quads, paired, 2):
             for tile in range(ntile):
                 rows2_tile_dot_raw8(w[r0 + i], w[r0 + i + 1], kind, xi[tile], xdt[tile], xst[tile], acc,
                                     pf if tile == 0 else 0)
@@ -157,7 +176,7 @@ _TILE_BYTES = 512 * 1024
 
 
 @nb.njit(nogil=True, cache=True)
-def _gemm(kind, w, xq, xd, xs, y, tasks, pf):
+def _gemm(kind, w, xq, xd, xs, y, tasks, pf, mode):
     n, k = xq.shape
     nblk = k // QK
     tiles_per_pass = max(1, _TILE_BYTES // (TOKENS * k))
@@ -168,16 +187,16 @@ def _gemm(kind, w, xq, xd, xs, y, tasks, pf):
         xdt = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         xst = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst)
-        _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks, pf)
+        _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks, pf, mode)
 
 
 @nb.njit(nogil=True, cache=True)
 def gemm_legacy(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     """The 16-token-tile gemm of every legacy type (`kind` a KIND value, run-time: one compiled
     kernel for all six); knobs: tasks (the row loop's prange steps), pf (bytes prefetched ahead
-    of the weight reads), threads (mode unused)."""
+    of the weight reads), mode (1: a single tile decodes its rows inside the tile), threads."""
     prev = fewer_threads(threads)
-    _gemm(kind, w, xq, xd, xs, y, tasks, pf)
+    _gemm(kind, w, xq, xd, xs, y, tasks, pf, mode)
     restore_threads(prev)
 
 
@@ -197,4 +216,4 @@ def grouped(w: QTensor) -> QTensor:
     return replace(w, data=group_rows(w.rows(), KIND[w.qtype]).reshape(-1), grouped=True)
 
 # knobs the tuner may try beside tasks (backends/cpu/tuning.py): prefetch bytes, mode 1 = one token a dot
-KNOBS = {"gemv": {"prefetch": (1024, 4096), "mode": (1,)}, "gemm": {"prefetch": (1024, 4096)}}
+KNOBS = {"gemv": {"prefetch": (1024, 4096), "mode": (1,)}, "gemm": {"prefetch": (1024, 4096), "mode": (1,)}}

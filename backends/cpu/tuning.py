@@ -44,6 +44,7 @@ MAX_TENSORS = 32  # tensors of one shape cycled per sample (gemv classes: copied
 MIN_SAMPLE_S = 2e-4  # a sample repeats its pass over the tensors until it lasts this long
 TASK_FACTORS = (1, 4, 16, 64)  # task counts tried: these multiples of the thread count
 CROSSOVER_NS = (2, 4, 8, 16, 24, 32)  # batches at which gemv and gemm are compared
+GEMM_N = 16  # the gemm class is timed at one 16-token tile through the gemm: a c = 16 decode step
 CROSSOVER = "crossover"  # the cache's entry for the gemv's largest n, beside the size classes
 
 
@@ -274,7 +275,7 @@ def class_n(qtype, cls: int) -> int | None:
         return 1
     if cls == 1:
         return min(max_n, 8) if max_n > 1 else None
-    return max(16, max_n + 1)
+    return GEMM_N
 
 
 def _knob_table(qtype) -> dict:
@@ -313,7 +314,7 @@ def _sampler(tensors: list, n: int, kernel: str | None = None, seed: int = 0):
     w0 = tensors[0]
     m, k = w0.shape
     gemm = kernel == "gemm" or (kernel is None and n > gemv_max_n(w0.qtype))
-    if not gemm:  # decode reads each weight from DRAM: a shape whose tensors fit the cache gets copies
+    if not gemm or n <= GEMM_N:  # decode reads each weight from DRAM: a shape whose tensors fit the cache gets copies
         tensors = dram_copies(tensors)
     x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)  # [n, k]
     qx = quantize_activations(x) if traits(w0.qtype).act_format == "q8_32" else None
@@ -500,7 +501,7 @@ def _tune_all(todo, groups, shapes, budget, log) -> None:
         if _part_name(c) != CROSSOVER:
             n = class_n(g[0], c)
             vs = variants(g[0], g[1], c)
-            sample, first = _sampler(ws, n)
+            sample, first = _sampler(ws, n, "gemm" if c == 2 else None)
             if c == 0:
                 n1_s[g] = first
             plans.append((c, g, max(first, MIN_SAMPLE_S) * len(vs) * MIN_ROUNDS,

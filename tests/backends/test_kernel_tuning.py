@@ -38,15 +38,16 @@ def test_every_variant_gives_the_same_bits(qtype):
         n = tuning.class_n(qtype, cls)
         if n is None:
             continue
-        n = n + 1 if cls == 2 else n  # gemm: a partial tile
-        x = np.random.default_rng(n).standard_normal((n, k)).astype(np.float32)
-        want = matmul(w, x)
-        vs = tuning.variants(qtype, m, cls, threads=2) + _extremes(m)
-        assert len(vs) >= 4
-        for v in vs:
-            got = matmul_knobs(w, x, v.knobs)
-            np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} n={n} {v.label}")
-            assert nb.get_num_threads() == threads, f"{qtype.name} {v.label} left the thread count changed"
+        kernel = "gemm" if cls == 2 else None
+        for n in (n, n + 1, 2 * n + 1) if cls == 2 else (n,):  # gemm: one tile, then partial tiles
+            x = np.random.default_rng(n).standard_normal((n, k)).astype(np.float32)
+            want = matmul(w, x)
+            vs = tuning.variants(qtype, m, cls, threads=2) + _extremes(m)
+            assert len(vs) >= 4
+            for v in vs:
+                got = matmul_knobs(w, x, v.knobs, kernel=kernel)
+                np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} n={n} {v.label}")
+                assert nb.get_num_threads() == threads, f"{qtype.name} {v.label} left the thread count changed"
 
 
 def test_installed_choice_is_used_and_cleared():

@@ -84,3 +84,20 @@ def test_embed_reads_grouped_rows_and_dequantize_refuses_them():
     np.testing.assert_array_equal(embed(wg, ids), embed(w, ids))
     with pytest.raises(ValueError, match="grouped layout"):
         dequantize(wg)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_gemm_row_quads_give_the_gemv_bits(qtype):
+    """The gemm's decoded row quads (legacy_gemm_quad, every tile count with mode 0; from two
+    tiles on with mode 1) and the in-tile decode (one tile, mode 1) give each token the bits of
+    its own n = 1 gemv, raw and grouped, on k with a grouped 4 and a raw tail, and m = 4·q + 3
+    (a pair and a single row after the quads)."""
+    for k in (96, 288, 640, 896):
+        w = random_qtensor(qtype, 23, k, seed=k + 7)
+        for wt in (w, mm.for_matmul(w)):
+            for n in (16, 21, 40):
+                x = activations(n, k, seed=n + k)
+                want = np.concatenate([mm.matmul(wt, x[t:t + 1]) for t in range(n)])
+                for knobs in ((0, 0, 0, 0), (0, 0, 1, 0), (5, 512, 0, 0)):
+                    got = mm.matmul_knobs(wt, x, knobs, kernel="gemm")
+                    np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} k={k} n={n} {knobs}")
