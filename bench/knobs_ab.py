@@ -36,8 +36,9 @@ def main() -> None:
     ap.add_argument("--hot", action="store_true")
     a = ap.parse_args()
     settings = [tuple(int(v) for v in s.split(",")) for s in a.knobs]
-    base = mm.for_matmul(random_qtensor(T[a.qtype], a.m, a.k, seed=1))
-    ws = [base] if a.hot else [mm.for_matmul(w) for w in dram_copies([random_qtensor(T[a.qtype], a.m, a.k, seed=1)])]
+    raw = random_qtensor(T[a.qtype], a.m, a.k, seed=1)
+    base = mm.for_matmul(raw)
+    ws = [base] if a.hot else [mm.for_matmul(w) for w in dram_copies([raw])]
     for n in (int(v) for v in a.n.split(",")):
         x = np.random.default_rng(n).standard_normal((n, a.k)).astype(np.float32)  # [n, k]
         qx = quantize_activations(x) if mm.takes_q8(base.qtype) else None

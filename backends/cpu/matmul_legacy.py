@@ -131,6 +131,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // TOKENS
     ngroup = (nblk + GROUPS - 1) // GROUPS
+    ustride, sstride = ngroup * GROUP_BYTES, ngroup * GROUPS  # one decoded row's words / scales
     rpt = GEMM_ROWS_PER_TASK if tasks <= 0 else max(1, (m + tasks - 1) // tasks)
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
@@ -139,15 +140,14 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
         yt = np.empty((n_live, rpt), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
         quads = nr - nr % ROWS if mode == 0 or ntile > 1 else 0
         if quads:
-            u = np.empty(ROWS * ngroup * GROUP_BYTES, np.uint8)  # [4 rows, groups, 8 words, 8 blocks, 4 bytes]
-            ds = np.empty(ROWS * ngroup * GROUPS, np.float32)  # [4 rows, groups · 8]
-            cs = np.empty(ROWS * ngroup * GROUPS, np.float32)
+            u = np.empty(ROWS * ustride, np.uint8)  # [4 rows, groups, 8 words, 8 blocks, 4 bytes]
+            ds = np.empty(ROWS * sstride, np.float32)  # [4 rows, groups · 8]
+            cs = np.empty(ROWS * sstride, np.float32)
             for i in range(0, quads, ROWS):
                 for q in range(ROWS):
-                    decode_row(w[r0 + i + q], kind, u, q * ngroup * GROUP_BYTES, ds, cs, q * ngroup * GROUPS, pf)
+                    decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride, pf)
                 for tile in range(ntile):
-                    quad_tile_dot(u, ngroup * GROUP_BYTES, ds, cs, ngroup * GROUPS, xi[tile], xdt[tile], xst[tile],
-                                  acc, nblk)
+                    quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk)
                     for t in range(min(TOKENS, n_live - tile * TOKENS)):
                         for q in range(ROWS):
                             yt[tile * TOKENS + t, i + q] = acc[q * TOKENS + t]
