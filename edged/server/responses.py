@@ -160,12 +160,13 @@ class SSEResponse:
             watcher = asyncio.ensure_future(wait_disconnect(receive))
             done, pending = await asyncio.wait({sender, watcher}, return_when=asyncio.FIRST_COMPLETED)
             for t in pending:
-                t.cancel()
-            for t in pending:
-                try:
-                    await t
-                except (asyncio.CancelledError, Exception):
-                    pass
+                # Python 3.11's wait_for can swallow a cancel that lands as its send completes: the
+                # sender then streams on to a gone client. Cancel again until it has stopped.
+                while not t.done():
+                    t.cancel()
+                    await asyncio.wait({t}, timeout=0.01)
+                if not t.cancelled():
+                    t.exception()  # retrieved: a late failure of a cancelled task is not news
             if sender in done and sender.exception() is not None:
                 exc = sender.exception()
                 if isinstance(exc, StreamStalled):  # returning incomplete closes the connection
