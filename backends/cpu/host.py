@@ -39,5 +39,6 @@ def take_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def slice_cols(x: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """Columns start:stop of x [n, c] as a C-contiguous [n, stop - start] copy."""
-    return np.ascontiguousarray(x[:, start:stop])
+    """Columns start:stop of x [n, c]: a view [n, stop - start] (no copy; the gated activations
+    read it in place, other ops copy what they need contiguous)."""
+    return x[:, start:stop]

@@ -518,7 +518,8 @@ def _tune_all(todo, groups, shapes, budget, log) -> None:
             continue
         samplers = {n: (_sampler(ws, n, "gemv"), _sampler(ws, n, "gemm")) for n in CROSSOVER_NS}
         cost = sum(max(a[1], MIN_SAMPLE_S) + max(b[1], MIN_SAMPLE_S) for a, b in samplers.values()) * MIN_ROUNDS
-        plans.append((c, g, cost, lambda b, s=samplers, d=gemv_max_n(g[0]): tune_crossover(s, d, b)))
+        plans.append((c, g, cost, lambda b, s=samplers, d=gemv_max_n(g[0]), g=g:
+                      tune_crossover(s, d, b, _tuned_variants(shapes.get(shape_key(*g), {})))))
     plans.sort(key=lambda p: (p[0], -p[2]))
     left, chosen = budget, []
     for c, g, cost, run in plans:
@@ -535,16 +536,28 @@ def _tune_all(todo, groups, shapes, budget, log) -> None:
             log(f"tuned {shape_key(*g)} {_part_name(c)}: {entry.get('choice', entry.get('gemv_max_n'))}")
 
 
-def tune_crossover(samplers: dict, default_max_n: int, budget: float) -> dict:
-    """The crossover entry: {"gemv_max_n", "ms"}. samplers: {n: ((gemv sample, _), (gemm sample, _))}.
-    Each n keeps its default kernel (gemv up to default_max_n) unless the other beats it (_beats);
-    gemv_max_n is the last n of the run of gemv batches from the smallest (1: gemm from n = 2)."""
-    runs = [(n, kern, smp[0]) for n, pair in sorted(samplers.items()) for kern, smp in zip(("gemv", "gemm"), pair)]
-    rounds = sample_rounds(lambda r: r[2](DEFAULT), runs, budget)
-    ms = {f"{kern} n={n}": round(float(np.median(t)) * 1e3, 4) for (n, kern, _), t in rounds.items()}
+def _tuned_variants(entries: dict) -> tuple:
+    """(gemv, gemm) Variants a shape's tuned size classes chose (DEFAULT where one was not tuned):
+    the crossover compares the kernels as they will run, not at their built-in knobs."""
+    def chosen(cls):
+        e = entries.get(cls)
+        return Variant(*e["knobs"]) if isinstance(e, dict) and "knobs" in e else DEFAULT
+
+    return chosen("gemv"), chosen("gemm")
+
+
+def tune_crossover(samplers: dict, default_max_n: int, budget: float, variants: tuple = (DEFAULT, DEFAULT)) -> dict:
+    """The crossover entry: {"gemv_max_n", "ms"}. samplers: {n: ((gemv sample, _), (gemm sample, _))},
+    run with variants (gemv, gemm). Each n keeps its default kernel (gemv up to default_max_n)
+    unless the other beats it (_beats); gemv_max_n is the last n of the run of gemv batches from
+    the smallest (1: gemm from n = 2)."""
+    runs = [(n, kern, smp[0], v) for n, pair in sorted(samplers.items())
+            for kern, smp, v in zip(("gemv", "gemm"), pair, variants)]
+    rounds = sample_rounds(lambda r: r[2](r[3]), runs, budget)
+    ms = {f"{kern} n={n}": round(float(np.median(t)) * 1e3, 4) for (n, kern, _, _), t in rounds.items()}
     if any(_noisy(t) for t in rounds.values()):
         return {"gemv_max_n": default_max_n, "ms": ms, "noisy": True}
-    times = {(n, kern): t for (n, kern, _), t in rounds.items()}
+    times = {(n, kern): t for (n, kern, _, _), t in rounds.items()}
     max_n = 1
     for n in sorted(samplers):
         gv, gm = times[(n, "gemv")], times[(n, "gemm")]

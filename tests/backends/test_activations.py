@@ -71,3 +71,21 @@ def test_bad_inputs_are_clear_errors():
         softcap(np.zeros((2, 3), np.float32), 0.0)
     with pytest.raises(ValueError, match="shapes"):
         add(np.zeros(3, np.float32), np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 5, 40])  # 40 x 300: past the serial threshold, the thread-pool kernel
+@pytest.mark.parametrize("op", ["gelu_tanh", "gelu_fp16", "silu", "swiglu_oai"])
+def test_gated_ops_read_fused_halves_in_place(op, n):
+    """gate | up as the two column halves of one fused matmul output (slice_cols' views): the same
+    bits as from contiguous copies, read without copying them."""
+    from edged.backends.cpu import slice_cols, swiglu_oai_mul
+    from edged.backends.cpu.activations import _columns_of
+
+    fn = {"gelu_tanh": gelu_tanh_mul, "gelu_fp16": lambda g, u: gelu_tanh_mul(g, u, ggml_fp16=True),
+          "silu": silu_mul, "swiglu_oai": swiglu_oai_mul}[op]
+    gate, up = _inputs(n=n)
+    gu = np.concatenate([gate, up], axis=1)  # [n, 2f]
+    g, u = slice_cols(gu, 0, 300), slice_cols(gu, 300, 600)
+    assert _columns_of(g)[0] is gu and _columns_of(u) == (gu, 300) or n == 1
+    assert np.array_equal(fn(g, u), fn(gate, up))
+    assert np.array_equal(fn(up[:, ::2], gate[:, ::2]), fn(up[:, ::2].copy(), gate[:, ::2].copy()))  # other views: copied

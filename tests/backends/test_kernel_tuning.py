@@ -171,6 +171,21 @@ def test_crossover_keeps_each_default_unless_clearly_beaten():
     assert tuning.tune_crossover(fast_gemm, 24, budget=0.0)["gemv_max_n"] == 1
 
 
+def test_crossover_compares_the_tuned_kernels():
+    """The gemm at its tuned knobs beats the gemv that its built-in ones would lose to: the
+    crossover runs each kernel with the variant its size class chose (_tuned_variants)."""
+    tuned_gemm = tuning.Variant(tasks=8, prefetch=4096)
+    samplers = {n: ((lambda v: 10.0, None), (lambda v: 5.0 if v == tuned_gemm else 12.0, None))
+                for n in tuning.CROSSOVER_NS}
+    assert tuning.tune_crossover(samplers, 24, budget=0.0)["gemv_max_n"] == 32  # at the defaults: gemv throughout
+    entries = {"gemv": {"choice": "default", "knobs": [0, 0, 0, 0]}, "gemm": {"choice": "x", "knobs": [8, 4096, 0, 0]},
+               "n1": {"skipped": "budget"}}
+    variants = tuning._tuned_variants(entries)
+    assert variants == (tuning.DEFAULT, tuned_gemm)
+    assert tuning.tune_crossover(samplers, 24, budget=0.0, variants=variants)["gemv_max_n"] == 1
+    assert tuning._tuned_variants({"gemm": {"skipped": "budget"}}) == (tuning.DEFAULT, tuning.DEFAULT)
+
+
 def test_tune_off_gives_the_defaults(cache_dir, monkeypatch):
     set_tuned({(T.Q8_0, 24, 64): ((2, 0, 0, 0),) * 3})
     assert tuned()
