@@ -68,30 +68,59 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | No
 
 
 @nb.njit(nogil=True, inline="always")
-def _rotate_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
-    """x float32 [n, heads, hd] -> out: rotate the first n_dims features of every head.
+def _cos_sin_row(pos, half, theta_scale, freq_scale, table, mscale, cs, t):
+    """cs[t] = (cos, sin) [2, n_dims/2] of position pos, times mscale: the angles by repeated
+    float32 multiplication (table: backends/rope.py rope_table's divisors and YaRN weights)."""
+    theta = np.float32(pos)
+    for i in range(half):
+        a = _pair_angle(theta, freq_scale, table[0, i], table[1, i], table[2, i])
+        cs[t, 0, i] = np.float32(math.cos(a)) * mscale
+        cs[t, 1, i] = np.float32(math.sin(a)) * mscale
+        theta = theta * theta_scale
 
-    table float32 [3, n_dims/2] (backends/rope.py rope_table: divisors, interpolated and
-    extrapolated weights); cos/sin times mscale. Pairs: neox (i, i + n_dims/2), normal (2i, 2i + 1).
-    Features past n_dims are copied unchanged.
-    """
-    n, heads, hd = x.shape
+
+@nb.njit(nogil=True, inline="always")
+def _rotate_row(x, t, n_dims, neox, cs, ct, out):
+    """out[t] = x[t] [heads, hd] with its first n_dims features of every head turned by cs[ct];
+    pairs: neox (i, i + n_dims/2), normal (2i, 2i + 1); features past n_dims copied unchanged."""
+    heads, hd = x.shape[1], x.shape[2]
+    half = n_dims // 2
+    for h in range(heads):
+        for i in range(half):
+            i0, i1 = _pair_features(i, half, neox)
+            out[t, h, i0], out[t, h, i1] = _rotate(x[t, h, i0], x[t, h, i1], cs[ct, 0, i], cs[ct, 1, i])
+        for i in range(n_dims, hd):
+            out[t, h, i] = x[t, h, i]
+
+
+@nb.njit(nogil=True, inline="always")
+def _rotate_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, out):
+    """x float32 [n, heads, hd] -> out: rotate the first n_dims features of every head, each
+    token's cos/sin computed where it is rotated (cs_rows then _rotate_row give the same bits)."""
+    n = x.shape[0]
     half = n_dims // 2
     for t in nb.prange(n):
-        cos_t = np.empty(half, dtype=np.float32)  # [n_dims/2]
-        sin_t = np.empty(half, dtype=np.float32)  # [n_dims/2]
-        theta = np.float32(positions[t])
-        for i in range(half):
-            a = _pair_angle(theta, freq_scale, table[0, i], table[1, i], table[2, i])
-            cos_t[i] = np.float32(math.cos(a)) * mscale
-            sin_t[i] = np.float32(math.sin(a)) * mscale
-            theta = theta * theta_scale
-        for h in range(heads):
-            for i in range(half):
-                i0, i1 = _pair_features(i, half, neox)
-                out[t, h, i0], out[t, h, i1] = _rotate(x[t, h, i0], x[t, h, i1], cos_t[i], sin_t[i])
-            for i in range(n_dims, hd):
-                out[t, h, i] = x[t, h, i]
+        cs = np.empty((1, 2, half), dtype=np.float32)  # [1, 2, n_dims/2]
+        _cos_sin_row(positions[t], half, theta_scale, freq_scale, table, mscale, cs, 0)
+        _rotate_row(x, t, n_dims, neox, cs, 0, out)
+
+
+@nb.njit(nogil=True, cache=True)
+def cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale):
+    """float32 [n, 2, n_dims/2]: every position's (cos, sin), for rotate_rows_with."""
+    n = positions.shape[0]
+    cs = np.empty((n, 2, n_dims // 2), dtype=np.float32)  # [n, 2, n_dims/2]
+    for t in range(n):
+        _cos_sin_row(positions[t], n_dims // 2, theta_scale, freq_scale, table, mscale, cs, t)
+    return cs
+
+
+@nb.njit(nogil=True, cache=True)
+def rotate_rows_with(x, cs, n_dims, neox, out):
+    """_rope_rows_serial with each token's (cos, sin) from cs [n, 2, n_dims/2] (cs_rows): the
+    same bits, the table computed once for q and k and every layer of a step (rope_store)."""
+    for t in range(x.shape[0]):
+        _rotate_row(x, t, n_dims, neox, cs, t, out)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

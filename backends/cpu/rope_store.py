@@ -16,29 +16,44 @@ from edged.backends.base import LayerKV, RopeParams, rope_store_kv_by_ops
 from edged.backends.cpu import kv_codec
 from edged.backends.cpu.attention import store_kv
 from edged.backends.cpu.kernel_threads import runs_serial
-from edged.backends.cpu.norm_rope import _rms_norm_rows_serial, _rope_rows_serial, rms_norm, rope, rope_kernel_args
+from edged.backends.cpu.norm_rope import (
+    _rms_norm_rows_serial, cs_rows, rms_norm, rope, rope_kernel_args, rotate_rows_with,
+)
 
 _NO_NORM = np.zeros(0, np.float32)
 _POOL_OPS = SimpleNamespace(rms_norm=rms_norm, rope=rope, store_kv=store_kv)  # a prefill's thread-pool ops
 
 
 @nb.njit(nogil=True, cache=True)
-def _rope_store_serial(q, k, v, q_norm, k_norm, eps, positions, n_dims, neox, theta_scale, freq_scale, table,
-                       mscale, kc, vc, ks, vs, slots, qo, ko):
-    """qo [n, h, hd], ko [n, kvh, hd] = rope(rms_norm(q / k)) (no norm when q_norm is empty); k as
-    ko and v stored at slots. Each step calls the serial op's own kernel (its own fastmath flags:
-    inlined here, they would take this function's). Returns the slots past the cache."""
+def _rope_store_serial(q, k, v, q_norm, k_norm, eps, cs, n_dims, neox, kc, vc, ks, vs, slots, qo, ko):
+    """qo [n, h, hd], ko [n, kvh, hd] = rope(rms_norm(q / k)) (no norm when q_norm is empty) with
+    the positions' (cos, sin) cs [n, 2, n_dims/2]; k as ko and v stored at slots. Each step calls
+    the serial op's own kernel (its own fastmath flags: inlined here, they would take this
+    function's). Returns the slots past the cache."""
     n, nh, hd = q.shape
     kvh = k.shape[1]
     if q_norm.shape[0] > 0:
         _rms_norm_rows_serial(q.reshape(n * nh, hd), q_norm, eps, qo.reshape(n * nh, hd))
         _rms_norm_rows_serial(k.reshape(n * kvh, hd), k_norm, eps, ko.reshape(n * kvh, hd))
-        _rope_rows_serial(qo, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, qo)
-        _rope_rows_serial(ko, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, ko)
+        rotate_rows_with(qo, cs, n_dims, neox, qo)
+        rotate_rows_with(ko, cs, n_dims, neox, ko)
     else:
-        _rope_rows_serial(q, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, qo)
-        _rope_rows_serial(k, positions, n_dims, neox, theta_scale, freq_scale, table, mscale, ko)
+        rotate_rows_with(q, cs, n_dims, neox, qo)
+        rotate_rows_with(k, cs, n_dims, neox, ko)
     return kv_codec._store_rows_serial(kc, vc, ks, vs, ko, v, slots)
+
+
+def _step_cos_sin(p: RopeParams, positions: np.ndarray, hd: int) -> tuple:
+    """(cs float32 [n, 2, n_dims/2], n_dims, neox) of these positions under p, kept on p: every
+    layer with this RoPE asks for the same ones in a step (a decode step's trig, done once)."""
+    n_dims, neox, theta_scale, freq_scale, table, mscale = rope_kernel_args(p, hd)
+    key = (n_dims, neox, theta_scale, freq_scale, id(table), mscale)  # the table is rebuilt when p changes
+    hit = p.__dict__.get("_step_cs")
+    if hit is not None and hit[0] == key and hit[1] is table and np.array_equal(hit[2], positions):
+        return hit[3], n_dims, neox
+    cs = cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale)
+    p.__dict__["_step_cs"] = (key, table, positions.copy(), cs)
+    return cs, n_dims, neox
 
 
 def _f32(a) -> np.ndarray:
@@ -73,7 +88,7 @@ def rope_store_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: LayerKV, posi
     qo, ko = np.empty_like(q), np.empty_like(k)
     bad = _rope_store_serial(
         q, k, v, _NO_NORM if q_norm is None else _f32(q_norm), _NO_NORM if k_norm is None else _f32(k_norm),
-        np.float32(eps), positions, *rope_kernel_args(p, q.shape[2]), *kv_codec.kernel_arrays(kv), slots, qo, ko)
+        np.float32(eps), *_step_cos_sin(p, positions, q.shape[2]), *kv_codec.kernel_arrays(kv), slots, qo, ko)
     if bad:
         raise ValueError(f"store_kv: slot out of range (cache holds {kv.k.shape[0] * kv.k.shape[1]} slots)")
     return qo

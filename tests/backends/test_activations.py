@@ -88,4 +88,5 @@ def test_gated_ops_read_fused_halves_in_place(op, n):
     g, u = slice_cols(gu, 0, 300), slice_cols(gu, 300, 600)
     assert _columns_of(g)[0] is gu and _columns_of(u) == (gu, 300) or n == 1
     assert np.array_equal(fn(g, u), fn(gate, up))
-    assert np.array_equal(fn(up[:, ::2], gate[:, ::2]), fn(up[:, ::2].copy(), gate[:, ::2].copy()))  # other views: copied
+    # other views are copied first
+    assert np.array_equal(fn(up[:, ::2], gate[:, ::2]), fn(up[:, ::2].copy(), gate[:, ::2].copy()))

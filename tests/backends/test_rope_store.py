@@ -52,3 +52,26 @@ def test_bad_inputs_are_errors_before_any_write():
     with pytest.raises(ValueError, match="both be None or both"):
         cpu.rope_store_kv(q, k, v, kv, positions, slots, p, 1e-6, np.ones(HD, np.float32), None)
     assert np.array_equal(kv.k[1:], before[1:])  # block 0 holds slot 5: only it may have been written
+
+
+def test_one_rope_table_per_step_follows_positions_and_params():
+    """The decode path keeps one (cos, sin) table per RopeParams for the step's positions (every
+    layer asks for it): new positions, positions rewritten in place, or a changed parameter each
+    give the ops' bits again, never a stale table."""
+    p = RopeParams(dim=64, freq_base=10000.0, neox=True)
+
+    def both(q, k, v, positions, slots):
+        fused_kv, ops_kv = (cpu.allocate_kv(12, 16, KVH, HD, "f32") for _ in range(2))
+        got = cpu.rope_store_kv(q, k, v, fused_kv, positions, slots, p, 1e-6)
+        return got, rope_store_kv_by_ops(cpu, q, k, v, ops_kv, positions, slots, p, 1e-6)
+
+    q, k, v, positions, slots = _case(3, seed=4)
+    first = both(q, k, v, positions, slots)
+    assert np.array_equal(*first) and "_step_cs" in p.__dict__
+    assert np.array_equal(*both(q, k, v, positions, slots))  # a later layer: the kept table
+    positions += 7  # the same array, new contents
+    moved = both(q, k, v, positions, slots)
+    assert np.array_equal(*moved) and not np.array_equal(moved[0], first[0])
+    p.freq_base = 500000.0
+    rebased = both(q, k, v, positions, slots)
+    assert np.array_equal(*rebased) and not np.array_equal(rebased[0], moved[0])
