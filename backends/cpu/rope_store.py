@@ -47,12 +47,13 @@ def _step_cos_sin(p: RopeParams, positions: np.ndarray, hd: int) -> tuple:
     """(cs float32 [n, 2, n_dims/2], n_dims, neox) of these positions under p, kept on p: every
     layer with this RoPE asks for the same ones in a step (a decode step's trig, done once)."""
     n_dims, neox, theta_scale, freq_scale, table, mscale = rope_kernel_args(p, hd)
-    key = (n_dims, neox, theta_scale, freq_scale, id(table), mscale)  # the table is rebuilt when p changes
+    # the table is rebuilt when p changes; positions as bytes: cheaper to compare than arrays
+    key = (n_dims, neox, theta_scale, freq_scale, mscale, positions.tobytes())
     hit = p.__dict__.get("_step_cs")
-    if hit is not None and hit[0] == key and hit[1] is table and np.array_equal(hit[2], positions):
-        return hit[3], n_dims, neox
+    if hit is not None and hit[0] == key and hit[1] is table:
+        return hit[2], n_dims, neox
     cs = cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale)
-    p.__dict__["_step_cs"] = (key, table, positions.copy(), cs)
+    p.__dict__["_step_cs"] = (key, table, cs)
     return cs, n_dims, neox
 
 
