@@ -274,21 +274,21 @@ def test_url_backend(tiny, tmp_path):
         assert r.exit_code == 1 and "401" in r.output
 
 
-def _metric(server, pattern: str) -> float:
-    """The first /metrics sample whose name and labels match `pattern` (a regex); 0 if none."""
+def _metrics_text(server) -> str:
     import httpx
 
-    text = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=10).text
-    m = re.search(pattern + r"(?:\{[^}]*\})? ([\d.e+-]+)\n", text)
+    return httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=10).text
+
+
+def _metric(server, pattern: str) -> float:
+    """The first /metrics sample whose name and labels match `pattern` (a regex); 0 if none."""
+    m = re.search(pattern + r"(?:\{[^}]*\})? ([\d.e+-]+)\n", _metrics_text(server))
     return float(m.group(1)) if m else 0.0
 
 
 def _finished(server) -> list:
     """Every finish-reason counter of /metrics, for a failure message."""
-    import httpx
-
-    text = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=10).text
-    return re.findall(r'edged_requests_finished_total\{[^}]*\} [\d.e+-]+', text)
+    return re.findall(r'edged_requests_finished_total\{[^}]*\} [\d.e+-]+', _metrics_text(server))
 
 
 def _aborted(server) -> float:

@@ -193,14 +193,15 @@ def _softcap_rows_serial(x, cap, out):
 def _columns_of(a):
     """(C-contiguous float32 [n, c] array, first column) holding a float32 [n, f]: a itself, the
     array a is a column slice of (slice_cols' views: no copy), or else a contiguous copy."""
-    if a.flags.c_contiguous and a.dtype == np.float32:
-        return a, 0
-    b = a.base
-    if (a.dtype == np.float32 and isinstance(b, np.ndarray) and b.dtype == np.float32 and b.ndim == 2
-            and b.flags.c_contiguous and a.ndim == 2 and a.shape[0] == b.shape[0] and a.strides == b.strides):
-        off = (a.ctypes.data - b.ctypes.data) // 4
-        if 0 <= off and off + a.shape[1] <= b.shape[1]:
-            return b, off
+    if a.dtype == np.float32:
+        if a.flags.c_contiguous:
+            return a, 0
+        b = a.base  # a slice b[:, c0:c1] has b's strides and starts c0 floats into its first row
+        if (isinstance(b, np.ndarray) and b.dtype == np.float32 and b.flags.c_contiguous
+                and a.shape[0] == b.shape[0] and a.strides == b.strides):
+            off = (a.ctypes.data - b.ctypes.data) // 4
+            if 0 <= off and off + a.shape[1] <= b.shape[1]:
+                return b, off
     return np.ascontiguousarray(a, dtype=np.float32), 0
 
 
