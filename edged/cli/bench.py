@@ -63,7 +63,8 @@ def _kernels_section(model, repeat: int, bw_mib: int, as_json: bool, clock: str,
 @kv_type_option
 def command(model, kernels, retune, tune_budget, repeat, bandwidth_mib, clock, prompt_tokens, gen_tokens, concurrency,
             prefix_cache, breakdown, structured, embeddings, as_json, backend, gpu_layers, kv_type):
-    """Benchmark edged on this machine (MODEL: a .gguf path; default: the default model).
+    """Benchmark edged on this machine (MODEL: a .gguf path; default: the reference model, Gemma 3
+    270M Q4_K_M, that docs/BENCHMARKS.md records, not the chat model `edged serve` picks).
 
     Without a section flag: single-stream prefill and decode tokens/s (median and spread of
     --repeat runs) through the engine."""
