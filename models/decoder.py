@@ -410,13 +410,13 @@ def _fused(ops, lw: LayerWeights, host_ops) -> LayerWeights:
 
 def _placed(ops, w, host_ops):
     """w (a QTensor, a float32 array, or a dataclass of them) in the memory of backend `ops`. On
-    the host only 2-D weights change: into the layout its matmul reads fastest (upload_matrix)."""
+    the host only weights change: into the layout its matmul reads fastest (upload_matrix)."""
     if w is None:
         return w
     on_host = ops is host_ops
     if isinstance(w, QTensor):
-        if len(w.shape) == 3:  # stacked experts [n_expert, rows, cols]: one matrix per expert
-            return w if on_host else tuple(ops.upload_matrix(s) for s in w.slabs())
+        if len(w.shape) == 3 and not on_host:  # stacked experts [n_expert, rows, cols]: one matrix per expert
+            return tuple(ops.upload_matrix(s) for s in w.slabs())
         up = getattr(ops, "upload_matrix", None) if on_host else ops.upload_matrix
         return up(w) if up is not None else w
     if isinstance(w, np.ndarray):

@@ -17,8 +17,8 @@ class QTensor:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]
     data: np.ndarray  # uint8 [n_bytes]
-    # rows regrouped by the CPU backend for its kernels (backends/cpu/legacy_groups.py), not
-    # GGUF's layout: only matmul reads them
+    # rows regrouped by the CPU backend for its kernels (backends/cpu/legacy_groups.py,
+    # kquant_pairs.py), not GGUF's layout: only its matmul and embed read them
     grouped: bool = False
 
     @property
@@ -54,6 +54,6 @@ class QTensor:
                                  f"got shape {self.shape}")
             n, r, c = self.shape
             per = self.data.reshape(n, -1)  # uint8 [n_expert, rows * row_bytes]
-            views = tuple(QTensor(f"{self.name}[{e}]", self.qtype, (r, c), per[e]) for e in range(n))
+            views = tuple(QTensor(f"{self.name}[{e}]", self.qtype, (r, c), per[e], self.grouped) for e in range(n))
             object.__setattr__(self, "_slabs", views)
         return views

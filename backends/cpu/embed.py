@@ -2,10 +2,12 @@
 
 import numpy as np
 
+from edged.backends.cpu.kquant_pairs import unpaired_rows
 from edged.backends.cpu.legacy_groups import ungroup_rows
 from edged.backends.cpu.matmul_legacy import KIND
 from edged.quant.dequant import checked_indices, dequantize_rows
 from edged.quant.tensor import QTensor
+from edged.quant.types import traits
 
 
 def embed(w: QTensor, ids) -> np.ndarray:
@@ -14,7 +16,10 @@ def embed(w: QTensor, ids) -> np.ndarray:
     An id out of range is a ValueError naming it; the table is never expanded whole.
     """
     ids = checked_indices(ids, w.n_rows, "token id", f" in {w.name!r}")  # [n]
-    raw = w.rows()[ids]  # [n, row_bytes]: gathered raw blocks
-    if w.grouped:  # a weight as the CPU's matmul reads it (a tied output projection)
-        raw = ungroup_rows(raw, KIND[w.qtype])
+    if not w.grouped:
+        raw = w.rows()[ids]  # [n, row_bytes]: gathered raw blocks
+    elif w.qtype in KIND:  # a weight as the CPU's matmul reads it (a tied output projection)
+        raw = ungroup_rows(w.rows()[ids], KIND[w.qtype])
+    else:  # the K-quants' row pairs
+        raw = unpaired_rows(w.rows(), traits(w.qtype).type_size, ids)
     return dequantize_rows(w.qtype, raw, w.n_cols)

@@ -8,6 +8,7 @@ a layer boundary between backends and to cut activations without touching their 
 import numpy as np
 
 from edged.backends.base import Batch
+from edged.backends.cpu.host_memory import copy_fits
 from edged.backends.cpu.matmul import for_matmul
 from edged.quant.tensor import QTensor
 
@@ -23,9 +24,11 @@ def to_host(a) -> np.ndarray:
 
 
 def upload_matrix(w: QTensor) -> QTensor:
-    """A weight as this backend's matmul reads it fastest: the 32-element block types as a copy
-    with grouped rows (legacy_groups.py), every other type the mmap'd QTensor itself."""
-    return for_matmul(w)
+    """A weight as this backend's matmul reads it fastest: a matrix of the 32-element block types
+    as a copy with grouped rows (legacy_groups.py), a K-quant matrix or experts' stack as a copy
+    in row pairs (kquant_pairs.py), everything else the mmap'd QTensor itself; the mapping too
+    where the copy would not leave RAM free (host_memory.copy_fits)."""
+    return for_matmul(w) if copy_fits(w.data.nbytes) else w
 
 
 def prepare_batch(batch: Batch) -> Batch:

@@ -90,8 +90,9 @@ def _block_terms(builder, family, g, rows, xav, xbv):
 
 
 def _emit_rows_dot(context, builder, signature, args, kind, nt):
-    """Two rows × nt tokens of type `kind` (arguments as rows_dot's, without kind and nt); with
-    pf > 0 (args[15]) each superblock step prefetches both rows' bytes pf ahead."""
+    """Two rows × nt tokens of type `kind` (arguments as rows_dot's, without kind and nt): a row's
+    superblocks sbs (args[16]) bytes apart; with pf > 0 (args[15]) each superblock step
+    prefetches both rows' bytes pf ahead."""
     bbytes, quants, _, scales, family = TYPES[kind]
     nf = 8 if family == "s32" else 16  # activation terms per superblock
     st = signature.args
@@ -105,16 +106,16 @@ def _emit_rows_dot(context, builder, signature, args, kind, nt):
     xbps = [tok(7, 8, 9, t) for t in range(nt)]
     vf = V8F if family == "s32" else V16F
 
-    pf = i64(15)
+    pf, sbs = i64(15), i64(16)
     wraw = base_ptr(context, builder, st[0], args[0], c64(0))
 
     def body(i, acc):
         with builder.if_then(builder.icmp_signed(">", pf, c64(0))):
             for k in (1, 2):
-                prefetch_lines(builder, wraw, builder.add(builder.add(i64(k), builder.mul(i, c64(bbytes))), pf), bbytes)
+                prefetch_lines(builder, wraw, builder.add(builder.add(i64(k), builder.mul(i, sbs)), pf), bbytes)
         rows = []  # per row: (s, c, 4 chunks of unsigned weights), kept in registers
         for wp in wps:
-            bp = builder.gep(wp, [builder.mul(i, c64(bbytes))])
+            bp = builder.gep(wp, [builder.mul(i, sbs)])
             sc, cc = scales(builder, bp)
             rows.append((sc, cc, [quants(builder, bp, j) for j in range(4)]))
         fo = builder.mul(i, c64(4 * nf))
@@ -137,12 +138,13 @@ def _emit_rows_dot(context, builder, signature, args, kind, nt):
 
 @intrinsic
 def _rows_dot(typingctx, kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride,
-              pf):
+              pf, sbs):
     if not (is_arr(w, types.uint8) and is_arr(x, types.int8) and is_arr(xa, types.float32)
             and is_arr(xb, types.float32) and is_arr(out, types.float32)
-            and ints(kind, nt, woff0, woff1, xoff, xstride, doff, dstride, nsb, o0, o1, ostride, pf)):
+            and ints(kind, nt, woff0, woff1, xoff, xstride, doff, dstride, nsb, o0, o1, ostride, pf, sbs)):
         return None
-    sig = types.void(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf)
+    sig = types.void(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf,
+                     sbs)
 
     def codegen(context, builder, signature, args):
         sub, rest = signature.replace(args=signature.args[2:]), args[2:]
@@ -158,24 +160,19 @@ def _rows_dot(typingctx, kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, do
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride):
-    """Dots of two rows of type `kind` (a KIND_* value; nsb superblocks at bytes woff0 / woff1 of
-    w; may be the same row) with nt (1, 2 or 4) tokens' int8 activations (token t at element
-    xoff + t·xstride of x; per-32 types: permuted by interleave_blocks), written to out's flat
-    elements o0 + t·ostride / o1 + t·ostride. xa / xb float32 hold token t's activation terms from
-    element doff + t·dstride on: per-32 types the block scales and scale × block sums [k/32];
-    per-16 types (Q6_K, Q3_K, Q2_K) per 16-half the block scale and scale × half sum [k/16]
-    (Q6_K / Q3_K: the int32 bits of B × half sum). Each superblock is unpacked once for all nt
-    tokens; `kind` and `nt` switch at run time between the 18 compiled bodies."""
-    _rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, 0)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def rows_dot_prefetch(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride,
-                      pf):
-    """rows_dot, each superblock step also prefetching the bytes pf past both rows' reads when
-    pf > 0 (a tuning knob: the same arithmetic)."""
-    _rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf)
+def rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf, sbs):
+    """Dots of two rows of type `kind` (a KIND_* value; nsb superblocks from bytes woff0 / woff1 of
+    w, a row's superblocks sbs bytes apart: the block size in GGUF's layout, twice it in
+    kquant_pairs' pair layout; the rows may be the same) with nt (1, 2 or 4) tokens' int8
+    activations (token t at element xoff + t·xstride of x; per-32 types: permuted by
+    interleave_blocks), written to out's flat elements o0 + t·ostride / o1 + t·ostride. xa / xb
+    float32 hold token t's activation terms from element doff + t·dstride on: per-32 types the
+    block scales and scale × block sums [k/32]; per-16 types (Q6_K, Q3_K, Q2_K) per 16-half the
+    block scale and scale × half sum [k/16] (Q6_K / Q3_K: the int32 bits of B × half sum). Each
+    superblock is unpacked once for all nt tokens; `kind` and `nt` switch at run time between the
+    18 compiled bodies. pf > 0 also prefetches the bytes pf past both rows' reads each step (a
+    tuning knob: the same arithmetic)."""
+    _rows_dot(kind, nt, w, woff0, woff1, x, xoff, xstride, xa, xb, doff, dstride, nsb, out, o0, o1, ostride, pf, sbs)
 
 
 @nb.njit(cache=True, nogil=True)

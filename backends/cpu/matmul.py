@@ -10,8 +10,8 @@ Public API
     check_supported(qtype) -> None        raises ValueError naming the type if no kernel exists
     supported_types() -> tuple            types with kernels, in TYPE_TRAITS order
     kernels_for(qtype, grouped=False)      the two Numba kernels of a type (for inspect_asm, benches)
-    for_matmul(w) -> QTensor               w with its rows grouped where the type has grouped kernels
-                                           (legacy_groups.py: the layout the CPU backend runs on)
+    for_matmul(w) -> QTensor               w in the layout the CPU backend runs on where its type has
+                                           one: grouped rows (legacy_groups.py), row pairs (kquant_pairs.py)
     gemv_max_n(qtype) -> int               the largest n that matmul hands to the type's gemv
     set_tuned(choices) / tuned()           per-shape kernel knobs and gemv/gemm crossover chosen on
                                            this machine (tuning.py)
@@ -41,6 +41,7 @@ matmul then reads them with one dict lookup a call.
 import numpy as np
 
 from edged.backends.cpu.act_quant import quantize_activations
+from edged.backends.cpu.kquant_pairs import paired, pairs_rows
 from edged.quant.tensor import QTensor
 from edged.quant.types import TYPE_TRAITS, traits
 
@@ -83,11 +84,16 @@ def check_supported(qtype) -> None:
         raise ValueError(f"no CPU matmul kernel for tensor type {tt.qtype.name}; supported: {names}")
 
 
+# kernels over the CPU's own copy of a weight (QTensor.grouped): the legacy types' grouped rows
+# (legacy_groups.py), the K-quants' row pairs (kquant_pairs.py)
+_GROUPED_KERNELS = {**matmul_legacy.GROUPED_KERNELS, **matmul_kquants.PAIRED_KERNELS}
+
+
 def kernels_for(qtype, grouped: bool = False):
-    """(gemv, gemm) Numba dispatchers for `qtype` (ValueError if unsupported), those over grouped
-    rows (legacy_groups.py) with grouped=True (KeyError for a type that has none)."""
+    """(gemv, gemm) Numba dispatchers for `qtype` (ValueError if unsupported), those over the
+    CPU's own layout (grouped rows, row pairs) with grouped=True (KeyError for a type that has none)."""
     check_supported(qtype)
-    return (matmul_legacy.GROUPED_KERNELS if grouped else _KERNELS)[traits(qtype).qtype]
+    return (_GROUPED_KERNELS if grouped else _KERNELS)[traits(qtype).qtype]
 
 
 def gemv_max_n(qtype) -> int:
@@ -110,7 +116,7 @@ _DISPATCH = {
     qtype: (*_launch(pair), traits(qtype).act_format == "q8_32", _GEMV_MAX_N[qtype]) for qtype, pair in _KERNELS.items()
 }
 # the same for weights whose rows are grouped (QTensor.grouped)
-_DISPATCH_GROUPED = {qtype: (*_launch(pair), True, _GEMV_MAX_N[qtype]) for qtype, pair in matmul_legacy.GROUPED_KERNELS.items()}
+_DISPATCH_GROUPED = {qtype: (*_launch(pair), True, _GEMV_MAX_N[qtype]) for qtype, pair in _GROUPED_KERNELS.items()}
 
 # (qtype, m, k, grouped) -> (per size class (n = 1, gemv n > 1, gemm) the kernel's trailing args:
 # bound type + knobs; then the gemv's largest n); set by set_tuned, empty (every kernel's defaults) otherwise
@@ -118,17 +124,20 @@ _TUNED: dict = {}
 
 
 def for_matmul(w: QTensor) -> QTensor:
-    """w as the CPU's matmul reads it fastest: a 2-D weight of a type with grouped kernels as a
-    grouped copy (legacy_groups.py), anything else w itself."""
-    if w.grouped or len(w.shape) != 2 or w.qtype not in _DISPATCH_GROUPED:
+    """w as the CPU's matmul reads it fastest: a 2-D weight of a legacy type as a grouped copy
+    (legacy_groups.py), a K-quant matrix or stack of experts' matrices with an even row count as
+    a row-pair copy (kquant_pairs.py), anything else w itself."""
+    if w.grouped or w.qtype not in _DISPATCH_GROUPED:
         return w
-    return matmul_legacy.grouped(w)
+    if w.qtype in matmul_legacy.GROUPED_KERNELS:
+        return matmul_legacy.grouped(w) if len(w.shape) == 2 else w
+    return paired(w) if pairs_rows(w) else w
 
 
 def fuses_rows(qtype) -> bool:
     """Whether the decoder may concatenate same-typed weights over one input (q|k|v, gate|up) into
-    one matrix for this backend: where for_matmul copies that type anyway (the grouped types), so
-    the concatenation costs no memory beyond that copy."""
+    one matrix for this backend: where for_matmul copies that type anyway (grouped rows, row
+    pairs), so the concatenation costs no memory beyond that copy."""
     return qtype in _DISPATCH_GROUPED
 
 

@@ -8,7 +8,9 @@ w_e = s·u_e + c, so each block dot is u8 × i8 → int32 (vpdpbusd) and
     Σ_e w_e x_e = xd · (s · Σ u·xq + c · Σ xq)   per block (per 16-half for per-16 biases).
 
 - gemv (n <= matmul.GEMV_MAX_N): kquant_gemv.rows_dot per pair of rows and group of up to 4
-  tokens: each superblock is unpacked once in registers for all the group's tokens.
+  tokens: each superblock is unpacked once in registers for all the group's tokens. The CPU
+  backend keeps its 2-D weights with an even row count in kquant_pairs' pair layout, where such
+  a pair is one ascending stream (PAIRED_KERNELS; the same bits).
 - gemm (larger n): rows decoded once by kquant_decode.decode_row into (u, s, c), then
   kquant_gemm_tile.tile_dot per 4 rows × 16-token tile (8-token tiles when a pass has at most 8
   tokens).
@@ -28,7 +30,7 @@ from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.kquant_decode import decode_row
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
-from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot_prefetch
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
 from edged.backends.cpu.kquant_unpack import KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K
 from edged.backends.cpu.typed_kernel import bind
 
@@ -120,12 +122,22 @@ def gemv_rows_per_task(m, tasks):
     return per + (per & 1)
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def row_start(r, rb, sb_bytes, paired):
+    """(byte offset of row r's first superblock, bytes between its superblocks) in rows of rb
+    bytes, GGUF's layout or (paired) kquant_pairs' pair layout."""
+    if paired:
+        return (r - (r & 1)) * rb + (r & 1) * sb_bytes, 2 * sb_bytes
+    return r * rb, sb_bytes
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def gemv_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
+def gemv_kquant(w, xq, xd, xs, y, kind, paired=0, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T for every type (`kind`, a KIND_* constant, picks the row unpacker), meant
     for small n: per pair of rows, each superblock is unpacked once for up to GEMV_TOKENS tokens.
-    Knobs (matmul.py): tasks, the prange steps (0: GEMV_ROWS rows each); pf, rows_dot's prefetch
-    distance in bytes; threads (kernel_threads); mode unused."""
+    paired: w's rows in kquant_pairs' pair layout (m even), else GGUF's. Knobs (matmul.py): tasks,
+    the prange steps (0: GEMV_ROWS rows each); pf, rows_dot's prefetch distance in bytes; threads
+    (kernel_threads); mode unused."""
     prev = fewer_threads(threads)
     m, rb = w.shape
     n, k = xq.shape
@@ -137,15 +149,18 @@ def gemv_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
     nx = x.shape[0]
     nf = xa.shape[1]
     nsb = k // QK_K
+    sbb = rb // nsb  # bytes per superblock
     rpt = gemv_rows_per_task(m, tasks)
     for task in nb.prange((m + rpt - 1) // rpt):
         for r in range(task * rpt, min(m, (task + 1) * rpt), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
+            off0, sbs = row_start(r, rb, sbb, paired)
+            off1, _ = row_start(r1, rb, sbb, paired)
             t = 0
             while t < nx:
                 nt = GEMV_TOKENS if nx - t >= GEMV_TOKENS else (2 if nx - t >= 2 else 1)
-                rows_dot_prefetch(kind, nt, w, r * rb, r1 * rb, x, t * k, k, xa, xb, t * nf, nf, nsb, yo, t * m + r,
-                                  t * m + r1, m, pf)
+                rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, yo, t * m + r, t * m + r1, m, pf,
+                         sbs)
                 t += nt
     if nx != n:
         y[:, :] = yo[:n]
@@ -202,15 +217,17 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
+def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
     """y[n0 : n0 + n_live, :] for prepared tw-token tiles; `kind` picks the row decoder and tile
     dot at run time (one compiled kernel for every type; the branches are per row and per tile).
-    tasks: the prange steps (0: _GEMM_TASKS), each a run of whole row groups."""
+    paired: w in the pair layout. tasks: the prange steps (0: _GEMM_TASKS), each a run of whole
+    row groups."""
     m, rb = w.shape
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // tw
     k = nblk * 32
     nsb = k // QK_K
+    sbb = rb // nsb
     s16 = kind == KIND_Q6K or kind == KIND_Q3K or kind == KIND_Q2K
     ns = 2 * nblk if s16 else nblk  # scales per row
     nc = 2 * nblk if s16 else nblk  # biases per row
@@ -229,7 +246,8 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
             s[nr * ns :] = 0.0
             c[nr * nc :] = 0.0
             for i in range(nr):
-                decode_row(kind, w, (r0 + i) * rb, nsb, u, i * k, s, i * ns, c, i * nc)
+                off, sbs = row_start(r0 + i, rb, sbb, paired)
+                decode_row(kind, w, off, nsb, u, i * k, s, i * ns, c, i * nc, sbs)
             for tile in range(ntile):
                 live = min(tw, n_live - tile * tw)
                 xdo = tile * nblk * tw
@@ -241,7 +259,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
 
 
 @nb.njit(cache=True, nogil=True)
-def _gemm(kind, w, xq, xd, xs, y, tasks):
+def _gemm(kind, paired, w, xq, xd, xs, y, tasks):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
     at most 8 tokens uses 8-token tiles (ymm lanes: faster than a half-empty 16-token tile where ymm
     and zmm vpdpbusd issue at the same rate; docs/kernels.md)."""
@@ -258,23 +276,27 @@ def _gemm(kind, w, xq, xd, xs, y, tasks):
         xdt = empty_aligned(ntile, nblk * tw, np.float32)  # [ntile, k/32 · tw]
         xbt = empty_aligned(ntile, nb_ * nblk * tw, np.float32)  # [ntile, k/32 · (1|2) · tw]
         _prepare_tiles(xq, xd, xs, n0, tw, bias16, _int_bias(kind), xi, xdt, xbt)
-        _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks)
+        _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks)
 
 
 @nb.njit(cache=True, nogil=True)
-def gemm_kquant(w, xq, xd, xs, y, kind, tasks=0, pf=0, mode=0, threads=0):
+def gemm_kquant(w, xq, xd, xs, y, kind, paired=0, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T tiled over 16 (or 8) tokens, for every type: `kind` (KIND_*) picks the
-    row decoder. One compiled kernel for all types (see typed_kernel). Knobs: tasks (the row
-    loop's prange steps), threads (pf and mode unused)."""
+    row decoder; paired: w in the pair layout. One compiled kernel for all types (see
+    typed_kernel). Knobs: tasks (the row loop's prange steps), threads (pf and mode unused)."""
     prev = fewer_threads(threads)
-    _gemm(kind, w, xq, xd, xs, y, tasks)
+    _gemm(kind, paired, w, xq, xd, xs, y, tasks)
     restore_threads(prev)
 
 
 # qtype -> its run-time kind (the kernels' bound argument; rows_dot's first argument)
 KINDS = {T.Q2_K: KIND_Q2K, T.Q3_K: KIND_Q3K, T.Q4_K: KIND_Q4K, T.Q5_K: KIND_Q5K, T.Q6_K: KIND_Q6K, T.IQ4_XS: KIND_IQ4XS}
-KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind), bind("gemm", qtype, gemm_kquant, kind))
+KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind, 0), bind("gemm", qtype, gemm_kquant, kind, 0))
            for qtype, kind in KINDS.items()}
+# the same kernels over rows in kquant_pairs' pair layout (matmul.py picks them for a QTensor with
+# grouped=True; the same bits as the raw rows')
+PAIRED_KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind, 1), bind("gemm", qtype, gemm_kquant, kind, 1))
+                  for qtype, kind in KINDS.items()}
 
 # knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in bytes
 KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {}}

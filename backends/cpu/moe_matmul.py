@@ -19,11 +19,11 @@ import numpy as np
 
 from edged.backends.cpu.act_quant import quantize_activations
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot_prefetch
+from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
 from edged.backends.cpu import lowbit_rows
 from edged.backends.cpu.matmul import gemv_max_n, matmul, takes_q8
-from edged.backends.cpu.matmul_kquants import GEMV_ROWS, KINDS, QK_K, gemv_operands
+from edged.backends.cpu.matmul_kquants import GEMV_ROWS, KINDS, QK_K, gemv_operands, row_start
 from edged.backends.cpu.matmul_legacy import KIND as LEGACY_KINDS
 from edged.backends.cpu.matmul_lowbit import KINDS as LOWBIT_KINDS, _split_row
 from edged.backends.cpu.matmul_lowbit import gemv_operands as lowbit_operands
@@ -53,11 +53,12 @@ def _task_of(it, ng, ntask):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, lowbit, nsb, tail):
+def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, lowbit, nsb, tail, paired0, paired1):
     """y_j[p] = x[p] @ W_j[experts[g]].T for j < nw and the pairs p in cuts[g]:cuts[g+1] of each
     group g with small[g]; w_j uint8 [n_expert * m, row_bytes] (the experts' rows stacked, each nsb
-    superblocks and `tail` bytes), y_j float32 [P, m]. One task per (weight, group, GEMV_ROWS
-    rows); the row loop is gemv_kquant's, or with `lowbit` gemv_lowbit's (kind: that module's)."""
+    superblocks and `tail` bytes; with paired_j in kquant_pairs' pair layout), y_j float32 [P, m].
+    One task per (weight, group, GEMV_ROWS rows); the row loop is gemv_kquant's, or with `lowbit`
+    gemv_lowbit's (kind: that module's)."""
     rb = w0.shape[1]
     k = x.shape[1]
     nf = xa.shape[1]
@@ -67,20 +68,22 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, 
         j, g, task = _task_of(it, ng, ntask)
         if not small[g]:
             continue
-        w, y = (w0, y0) if j == 0 else (w1, y1)
+        w, y, paired = (w0, y0, paired0) if j == 0 else (w1, y1, paired1)
         base, a, b = experts[g] * m, cuts[g], cuts[g + 1]
         for r in range(task * GEMV_ROWS, min(m, (task + 1) * GEMV_ROWS), 2):
             r1 = min(r + 1, m - 1)  # an odd last row is computed twice into the same place
             t = a
             while t < b:
                 nt = GEMV_TOKENS if b - t >= GEMV_TOKENS else (2 if b - t >= 2 else 1)
-                o0, o1, off0, off1 = t * m + r, t * m + r1, (base + r) * rb, (base + r1) * rb
+                o0, o1 = t * m + r, t * m + r1
                 if lowbit:
-                    lowbit_rows.rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, tail, y, o0, o1,
-                                         m)
-                else:
-                    rows_dot_prefetch(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, y, o0, o1, m,
-                                      KQUANT_EXPERT_PREFETCH)
+                    lowbit_rows.rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf,
+                                         nf, nsb, tail, y, o0, o1, m)
+                else:  # m is even where paired: an expert's pairs are its own
+                    off0, sbs = row_start(base + r, rb, rb // nsb, paired)
+                    off1, _ = row_start(base + r1, rb, rb // nsb, paired)
+                    rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, y, o0, o1, m,
+                             KQUANT_EXPERT_PREFETCH, sbs)
                 t += nt
 
 
@@ -207,7 +210,7 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
         nsb, tail = _split_row(lk, ws[0].rows().shape[1])
         xg, xa, xb = _prepare_lowbit(*qx, rows, lk, nsb + (1 if tail else 0))
         _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1],
-                      lk, True, nsb, tail)
+                      lk, True, nsb, tail, 0, 0)
     elif n_small and kind is None:
         xg, xd, xs, xt, poff = _prepare_legacy(*qx, rows, cuts, small)
         _EXPERTS_LEGACY[qtype](ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xd, xs, xt, poff, experts, cuts, small,
@@ -215,7 +218,7 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     elif n_small:
         xg, xa, xb = _prepare(*qx, rows, kind)
         _experts_gemv(ws[0].rows(), ws[-1].rows(), len(ws), m, xg, xa, xb, experts, cuts, small, ys[0], ys[-1],
-                      kind, False, x.shape[1] // QK_K, 0)
+                      kind, False, x.shape[1] // QK_K, 0, ws[0].grouped, ws[-1].grouped)
     for g in (np.flatnonzero(small == 0) if n_small < len(small) else ()):  # large groups, other types: matmul each
         a, b, e = int(cuts[g]), int(cuts[g + 1]), int(experts[g])
         if a == b:

@@ -6,20 +6,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from edged.backends.cpu.host_memory import meminfo_bytes
+
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 1e12, "tb": 1e12}
 
 
 def available_memory() -> int:
     """Bytes of RAM the OS reports available (MemAvailable), or 4 GiB if it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * 2**30
+    return meminfo_bytes("MemAvailable")
 
 
 def parse_memory(spec: str) -> int:

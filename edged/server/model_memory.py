@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edged.backends.cpu.host_memory import meminfo_bytes
 from edged.engine.sizing import parse_memory
 
 # fixed part of the workspace: the engine's sampler and mask buffers, the tokenizer's tables
@@ -64,14 +65,7 @@ def estimate_file(path: str, plan_kv, config) -> MemoryEstimate:
 
 def total_memory() -> int:
     """Bytes of RAM (MemTotal), or 4 GiB if it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * 2**30
+    return meminfo_bytes("MemTotal")
 
 
 def parse_max_memory(spec: str | None) -> int | None:

@@ -68,10 +68,12 @@ def test_matmul_on_grouped_rows_is_bit_identical(qtype):
             np.testing.assert_array_equal(mm.matmul(wg, x), mm.matmul(w, x), err_msg=f"{qtype.name} k={k} n={n}")
 
 
-def test_only_legacy_matrices_are_grouped():
-    """for_matmul leaves types without grouped kernels (and already grouped weights) alone."""
-    kq = random_qtensor(T.Q4_K, 4, 256, seed=1)
-    assert mm.for_matmul(kq) is kq
+def test_types_without_a_cpu_layout_stay_as_loaded():
+    """for_matmul leaves types without a CPU layout of their own (and weights already in one)
+    alone (the K-quants' row pairs: tests/backends/test_kquant_pairs.py)."""
+    for qtype in (T.IQ2_XXS, T.F16):
+        w = random_qtensor(qtype, 4, 256, seed=1)
+        assert mm.for_matmul(w) is w
     w = mm.for_matmul(random_qtensor(T.Q8_0, 4, 256, seed=1))
     assert mm.for_matmul(w) is w
 
