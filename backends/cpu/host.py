@@ -28,7 +28,7 @@ def upload_matrix(w: QTensor) -> QTensor:
     as a copy with grouped rows (legacy_groups.py), a K-quant matrix or experts' stack as a copy
     in row pairs (kquant_pairs.py), everything else the mmap'd QTensor itself; the mapping too
     where the copy would not leave RAM free (host_memory.copy_fits)."""
-    return for_matmul(w) if copy_fits(w.data.nbytes) else w
+    return for_matmul(w, fits=copy_fits)
 
 
 def prepare_batch(batch: Batch) -> Batch:

@@ -123,15 +123,17 @@ _DISPATCH_GROUPED = {qtype: (*_launch(pair), True, _GEMV_MAX_N[qtype]) for qtype
 _TUNED: dict = {}
 
 
-def for_matmul(w: QTensor) -> QTensor:
+def for_matmul(w: QTensor, fits=None) -> QTensor:
     """w as the CPU's matmul reads it fastest: a 2-D weight of a legacy type as a grouped copy
     (legacy_groups.py), a K-quant matrix or stack of experts' matrices with an even row count as
-    a row-pair copy (kquant_pairs.py), anything else w itself."""
+    a row-pair copy (kquant_pairs.py), anything else w itself. fits(nbytes) -> bool, where given,
+    may refuse the copy (w itself then)."""
     if w.grouped or w.qtype not in _DISPATCH_GROUPED:
         return w
-    if w.qtype in matmul_legacy.GROUPED_KERNELS:
-        return matmul_legacy.grouped(w) if len(w.shape) == 2 else w
-    return paired(w) if pairs_rows(w) else w
+    legacy = w.qtype in matmul_legacy.GROUPED_KERNELS
+    if not (len(w.shape) == 2 if legacy else pairs_rows(w)) or (fits is not None and not fits(w.data.nbytes)):
+        return w
+    return matmul_legacy.grouped(w) if legacy else paired(w)
 
 
 def fuses_rows(qtype) -> bool:

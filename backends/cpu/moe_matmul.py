@@ -60,6 +60,7 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, 
     One task per (weight, group, GEMV_ROWS rows); the row loop is gemv_kquant's, or with `lowbit`
     gemv_lowbit's (kind: that module's)."""
     rb = w0.shape[1]
+    sbb = rb // max(nsb, 1)  # bytes per superblock (K-quants: rows hold whole superblocks)
     k = x.shape[1]
     nf = xa.shape[1]
     ng = experts.shape[0]
@@ -80,8 +81,8 @@ def _experts_gemv(w0, w1, nw, m, x, xa, xb, experts, cuts, small, y0, y1, kind, 
                     lowbit_rows.rows_dot(kind, nt, w, (base + r) * rb, (base + r1) * rb, x, t * k, k, xa, xb, t * nf,
                                          nf, nsb, tail, y, o0, o1, m)
                 else:  # m is even where paired: an expert's pairs are its own
-                    off0, sbs = row_start(base + r, rb, rb // nsb, paired)
-                    off1, _ = row_start(base + r1, rb, rb // nsb, paired)
+                    off0, sbs = row_start(base + r, rb, sbb, paired)
+                    off1, _ = row_start(base + r1, rb, sbb, paired)
                     rows_dot(kind, nt, w, off0, off1, x, t * k, k, xa, xb, t * nf, nf, nsb, y, o0, o1, m,
                              KQUANT_EXPERT_PREFETCH, sbs)
                 t += nt
