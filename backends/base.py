@@ -24,6 +24,9 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
         out[t] = sum_j weights[t, j] * Y[src[t, j]], j in order, Y = ys's rows concatenated
         (the mixture-of-experts sum; src and weights are host arrays: the routing runs on the host.
         CPU only: placement keeps MoE layers off a backend without it, models/moe.py)
+    moe_ffn_step(gate, up, down, h, tokens, experts, cuts, src, weights, act) -> [n, d] or None
+        (optional, CPU: the routed experts' gated FFN and moe_combine in one call where every group
+        is small, same bits; None where it does not apply)
 
 Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
     upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle

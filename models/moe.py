@@ -161,6 +161,13 @@ def _experts_ffn(ops, mw: MoEWeights, h, tokens, experts, cuts, act):
     return y
 
 
+def _steps_fused(ops, mw: MoEWeights) -> bool:
+    """Whether ops.moe_ffn_step may run this layer: host-stacked separate gate and up, no biases
+    and no shared expert (it returns None for batches or types it does not take)."""
+    return (hasattr(ops, "moe_ffn_step") and isinstance(mw.up_exps, QTensor) and isinstance(mw.gate_exps, QTensor)
+            and mw.shared is None and not _has_biases(mw))
+
+
 def moe_ffn(ops, mw: MoEWeights, h, act: str):
     """The MoE block of h [n, n_embd] (the ffn-normed hidden states) -> [n, n_embd]; `act` names
     a models/ffn.py GATED_ACTIVATIONS entry."""
@@ -171,6 +178,10 @@ def moe_ffn(ops, mw: MoEWeights, h, act: str):
     logits = ops.to_host(ops.matmul(mw.gate_inp, h))  # float32 [n, n_expert]
     _, weights, tokens, experts, cuts, src = _routed(mw, logits)  # pairs grouped by expert
     k = weights.shape[1]
+    if _steps_fused(ops, mw):  # a decode step's experts and their sum in one call (CPU)
+        out = ops.moe_ffn_step(mw.gate_exps, mw.up_exps, mw.down_exps, h, tokens, experts, cuts, src, weights, act)
+        if out is not None:
+            return out
     if hasattr(ops, "moe_matmul") and isinstance(mw.up_exps, QTensor):  # every expert in one call (CPU)
         ys = [_experts_ffn(ops, mw, h, tokens, experts, cuts, act_fn)]
     else:

@@ -17,7 +17,8 @@ _OP_GROUP = {
     "rms_norm": "norms/rope/act", "rope": "norms/rope/act", "gelu_tanh_mul": "norms/rope/act",
     "silu_mul": "norms/rope/act", "softcap": "norms/rope/act", "add": "norms/rope/act",
     "scale": "norms/rope/act", "embed": "embed", "rope_store_kv": "norms/rope/act",  # + the KV store
-    "matmuls": "matmul layers", "moe_matmul": "matmul layers", "moe_combine": "norms/rope/act",  # a MoE layer's experts, their sum
+    "matmuls": "matmul layers", "moe_matmul": "matmul layers", "moe_ffn_step": "matmul layers",
+    "moe_combine": "norms/rope/act",  # a MoE layer's experts, their sum
 }
 
 

@@ -89,8 +89,10 @@ def test_bad_groups_and_weights():
 
 
 def _per_expert_ops():
-    """The CPU backend without moe_matmul: moe_ffn's per-expert path (what other backends run)."""
-    return SimpleNamespace(**{name: getattr(cpu, name) for name in cpu.__all__ if name != "moe_matmul"})
+    """The CPU backend without moe_matmul and moe_ffn_step: moe_ffn's per-expert path (what other
+    backends run)."""
+    return SimpleNamespace(**{name: getattr(cpu, name) for name in cpu.__all__
+                              if name not in ("moe_matmul", "moe_ffn_step")})
 
 
 @pytest.mark.parametrize("fused, biases", [(False, False), (True, True)])

@@ -1,0 +1,108 @@
+"""moe_ffn_step: a mixture-of-experts layer's routed experts and their weighted sum in one call,
+for batches whose expert groups are all small (decode).
+
+The general path (models/moe.py) makes four op calls a layer: moe_matmul for gate and up, the
+activation, moe_matmul for down, moe_combine. At decode their Python and dispatch cost more than
+half of what the experts' arithmetic does on a small model (docs/kernels.md, "The MoE step").
+This runs the same compiled kernels in the same order inside one compiled call, so every bit is
+the general path's: batch invariance holds whichever path a batch takes.
+"""
+
+import numba as nb
+import numpy as np
+
+from edged.backends.cpu.act_quant import quantize_row_q8_serial, quantize_rows_q8
+from edged.backends.cpu.activations import _silu_mul_rows, _silu_mul_rows_serial
+from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
+from edged.backends.cpu.matmul import gemv_max_n
+from edged.backends.cpu.matmul_kquants import KINDS, QK_K
+from edged.backends.cpu.moe_combine import _combine_rows, _combine_rows_serial
+from edged.backends.cpu.moe_matmul import _GROUP_ERRORS, _check_weights, _experts_gemv, _prepare, _small_groups
+from edged.quant.tensor import QTensor
+
+ACTIVATIONS = ("silu",)  # the gated activations this path computes (models/ffn.py names)
+
+
+@nb.njit(cache=True, nogil=True)
+def _quantized(x):
+    """quantize_activations(x) for float32 [n, k] inside a compiled call (the same kernels)."""
+    n, k = x.shape
+    xq = np.empty((n, k), np.int8)  # [n, k]
+    xd = np.empty((n, k // 32), np.float32)  # [n, k/32]
+    xs = np.empty((n, k // 32), np.int32)  # [n, k/32]
+    if x.size <= SERIAL_ELEMENTS:
+        quantize_row_q8_serial(x, xq, xd, xs)
+    else:
+        quantize_rows_q8(x, xq, xd, xs)
+    return xq, xd, xs
+
+
+@nb.njit(cache=True, nogil=True)
+def _step(wg, wu, wd, pg, pu, pd, kind_gu, kind_d, h, tokens, experts, cuts, src, weights, n_expert, max_n, out):
+    """out float32 [n, d] = sum over token t's ranks j of weights[t, j] * down(silu(gate(h_t)) * up(h_t))
+    of expert experts[g] for t's rank-j pair src[t, j] (grouped as moe_matmul's); wg / wu / wd the
+    stacked experts' rows (uint8 [n_expert * rows, row_bytes], pg / pu / pd: in the pair layout).
+    Returns 0, a _GROUP_ERRORS code, 4 when a group is larger than max_n, 5 for a bad src."""
+    P = tokens.shape[0]
+    m_ff = wg.shape[0] // n_expert
+    d = out.shape[1]
+    err, small, n_small = _small_groups(tokens, experts, cuts, h.shape[0], n_expert, max_n)
+    if err:
+        return err
+    if n_small != experts.shape[0] - np.sum(cuts[1:] == cuts[:-1]):
+        return 4
+    for t in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            if src[t, j] < 0 or src[t, j] >= P:
+                return 5
+    xg, xa, xb = _prepare(*_quantized(h), tokens, kind_gu)
+    gate = np.empty((P, m_ff), np.float32)  # [P, n_ff_exp]
+    up = np.empty((P, m_ff), np.float32)  # [P, n_ff_exp]
+    _experts_gemv(wg, wu, 2, m_ff, xg, xa, xb, experts, cuts, small, gate, up, kind_gu, False, h.shape[1] // QK_K,
+                  0, pg, pu)
+    act = np.empty((P, m_ff), np.float32)  # [P, n_ff_exp]
+    if act.size <= SERIAL_ELEMENTS:
+        _silu_mul_rows_serial(gate, 0, up, 0, act)
+    else:
+        _silu_mul_rows(gate, 0, up, 0, act)
+    ag, aa, ab = _prepare(*_quantized(act), np.arange(P).astype(np.int32), kind_d)
+    y = np.empty((P, d), np.float32)  # [P, n_embd], grouped pair order
+    _experts_gemv(wd, wd, 1, d, ag, aa, ab, experts, cuts, small, y, y, kind_d, False, m_ff // QK_K, 0, pd, pd)
+    if out.size <= SERIAL_ELEMENTS:
+        _combine_rows_serial(y, src, weights, out)
+    else:
+        _combine_rows(y, src, weights, out)
+    return 0
+
+
+def moe_ffn_step(gate: QTensor, up: QTensor, down: QTensor, h: np.ndarray, tokens: np.ndarray, experts: np.ndarray,
+                 cuts: np.ndarray, src: np.ndarray, weights: np.ndarray, act: str) -> np.ndarray | None:
+    """moe_combine([down(act(gate(h), up(h)))], src, weights) over the grouped pairs (moe_matmul's
+    tokens, experts, cuts; src int32 [n, k] and weights float32 [n, k] as moe_route gives them):
+    float32 [n, n_embd]. None where this path does not apply (another activation or weight type,
+    or a group past the gemv's batch): the caller runs the general path, which gives the same bits."""
+    if act not in ACTIVATIONS or not all(isinstance(w, QTensor) and w.qtype in KINDS for w in (gate, up, down)):
+        return None
+    if gate.qtype != up.qtype:
+        return None
+    x = np.ascontiguousarray(h, dtype=np.float32)
+    _check_weights((gate, up), x)
+    n_expert, m_ff, _ = gate.shape
+    if len(down.shape) != 3 or down.shape[:2] != (n_expert, x.shape[1]) or down.shape[2] != m_ff:
+        raise ValueError(f"moe_ffn_step: down {down.shape} does not fit gate {gate.shape}")
+    src = np.ascontiguousarray(src, dtype=np.int32)
+    weights = np.ascontiguousarray(weights, dtype=np.float32)
+    if src.ndim != 2 or src.shape[0] != x.shape[0] or weights.shape != src.shape:
+        raise ValueError(f"moe_ffn_step: src {src.shape} and weights {weights.shape} must be [{x.shape[0]}, k]")
+    out = np.empty((x.shape[0], x.shape[1]), np.float32)  # [n, n_embd]
+    err = _step(gate.rows(), up.rows(), down.rows(), gate.grouped, up.grouped, down.grouped, KINDS[gate.qtype],
+                KINDS[down.qtype], x, np.ascontiguousarray(tokens, dtype=np.int32),
+                np.ascontiguousarray(experts, dtype=np.int64), np.ascontiguousarray(cuts, dtype=np.int64), src,
+                weights, n_expert, min(gemv_max_n(gate.qtype), gemv_max_n(down.qtype)), out)
+    if err == 4:
+        return None
+    if err == 5:
+        raise ValueError(f"moe_ffn_step: src indices must be in [0, {len(tokens)})")
+    if err:
+        raise ValueError("moe_ffn_step: " + _GROUP_ERRORS[err].format(e=n_expert, n=x.shape[0]))
+    return out
