@@ -21,5 +21,5 @@ def embed(w: QTensor, ids) -> np.ndarray:
     elif w.qtype in KIND:  # a weight as the CPU's matmul reads it (a tied output projection)
         raw = ungroup_rows(w.rows()[ids], KIND[w.qtype])
     else:  # the K-quants' row pairs
-        raw = unpaired_rows(w.rows(), traits(w.qtype).type_size, ids)
+        raw = unpaired_rows(w.rows(), w.qtype, ids)
     return dequantize_rows(w.qtype, raw, w.n_cols)

@@ -10,14 +10,23 @@ its bytes, so the bits are the raw rows'. Only tensors with an even number of ro
 
     raw     row 2p: [sb 0][sb 1]...   row 2p + 1: [sb 0][sb 1]...
     paired  pair p: [2p sb 0][2p+1 sb 0][2p sb 1][2p+1 sb 1]...
+
+Q4_K and Q5_K superblocks also have their 4-bit quants repacked (pack_nibbles), so the gemv takes
+each 64-weight chunk of its layout as one nibble of a 64-byte load, without GGUF's lane shuffle
+(kquant_unpack's packed unpackers; the copy is made anyway).
 """
 
 from dataclasses import replace
 
 import numpy as np
 
+from gguf import GGMLQuantizationType as T
+
 from edged.quant.tensor import QTensor
 from edged.quant.types import traits
+
+# types whose pair layout repacks qs (pack_nibbles): byte offset of qs[128] in the superblock
+_QS_AT = {T.Q4_K: 16, T.Q5_K: 48}
 
 
 def pairs_rows(w: QTensor) -> bool:
@@ -26,21 +35,57 @@ def pairs_rows(w: QTensor) -> bool:
     return len(w.shape) in (2, 3) and w.shape[-2] % 2 == 0
 
 
-def pair_rows(rows: np.ndarray, block_bytes: int) -> np.ndarray:
-    """uint8 [m, row_bytes] raw rows (m even) -> the same bytes in the pair layout (a copy)."""
-    m, rb = rows.shape
-    nsb = rb // block_bytes
-    return np.ascontiguousarray(rows.reshape(m // 2, 2, nsb, block_bytes).swapaxes(1, 2)).reshape(m, rb)
+def pack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K quants uint8 [..., 128] in GGUF's order -> the pair layout's (a copy). GGUF's
+    qs[64h : 64h+32] holds 32-blocks 4h (low nibbles) and 4h+1 (high), qs[64h+32 : 64h+64] blocks
+    4h+2, 4h+3; packed, 32-block 4h+b fills bytes 64h+16b .. 64h+16b+15, element i in the low and
+    element 16+i in the high nibble of byte i."""
+    src = qs.reshape(*qs.shape[:-1], 2, 2, 2, 16)  # [..., h, A|B half, elements 0-15|16-31, i]
+    lo, hi = src & 0x0F, src >> 4  # block 4h + 2·half (low) and + 1 (high)
+    blocks = np.stack([lo, hi], axis=-3)  # [..., h, half, nibble, el half, i]: block 4h + 2·half + nibble
+    return (blocks[..., 0, :] | (blocks[..., 1, :] << 4)).reshape(qs.shape).astype(np.uint8)
 
 
-def unpaired_rows(rows: np.ndarray, block_bytes: int, ids: np.ndarray) -> np.ndarray:
-    """Raw rows `ids` (int [n]) of a tensor in the pair layout (uint8 [m, row_bytes]) -> [n, row_bytes]."""
+def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """pack_nibbles' inverse: quants uint8 [..., 128] in the pair layout's order -> GGUF's."""
+    src = qs.reshape(*qs.shape[:-1], 2, 2, 2, 16)  # [..., h, half, nibble, i]: block 4h + 2·half + nibble
+    first, second = src & 0x0F, src >> 4  # elements i and 16+i
+    els = np.stack([first, second], axis=-2)  # [..., h, half, nibble, el half, i]
+    return (els[..., 0, :, :] | (els[..., 1, :, :] << 4)).reshape(qs.shape).astype(np.uint8)
+
+
+def _repacked(rows: np.ndarray, qtype, block_bytes: int, fn) -> np.ndarray:
+    """rows uint8 [m, row_bytes] with each superblock's qs passed through fn (a copy), or rows
+    itself for types without a repack."""
+    at = _QS_AT.get(qtype)
+    if at is None:
+        return rows
+    sb = rows.reshape(rows.shape[0], -1, block_bytes).copy()  # [m, superblocks, bytes]
+    sb[..., at:at + 128] = fn(sb[..., at:at + 128])
+    return sb.reshape(rows.shape)
+
+
+def pair_rows(rows: np.ndarray, qtype) -> np.ndarray:
+    """uint8 [m, row_bytes] raw rows of `qtype` (m even) -> the same superblocks in the pair layout
+    (a copy; Q4_K / Q5_K quants repacked by pack_nibbles)."""
     m, rb = rows.shape
-    nsb = rb // block_bytes
-    by_pair = rows.reshape(m // 2, nsb, 2, block_bytes)  # [pair, superblock, row of the pair, bytes]
-    return by_pair[ids // 2, :, ids % 2].reshape(len(ids), rb)
+    bb = traits(qtype).type_size
+    nsb = rb // bb
+    out = np.ascontiguousarray(rows.reshape(m // 2, 2, nsb, bb).swapaxes(1, 2)).reshape(m, rb)
+    return _repacked(out, qtype, bb, pack_nibbles) if qtype in _QS_AT else out
+
+
+def unpaired_rows(rows: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
+    """Raw rows `ids` (int [n]) of a `qtype` tensor in the pair layout (uint8 [m, row_bytes]) ->
+    [n, row_bytes] in GGUF's layout."""
+    m, rb = rows.shape
+    bb = traits(qtype).type_size
+    nsb = rb // bb
+    by_pair = rows.reshape(m // 2, nsb, 2, bb)  # [pair, superblock, row of the pair, bytes]
+    raw = by_pair[ids // 2, :, ids % 2].reshape(len(ids), rb)
+    return _repacked(raw, qtype, bb, unpack_nibbles)
 
 
 def paired(w: QTensor) -> QTensor:
     """w (pairs_rows) as a pair-layout copy, marked grouped (the CPU's own layout)."""
-    return replace(w, data=pair_rows(w.rows(), traits(w.qtype).type_size).reshape(-1), grouped=True)
+    return replace(w, data=pair_rows(w.rows(), w.qtype).reshape(-1), grouped=True)

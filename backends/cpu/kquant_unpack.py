@@ -19,6 +19,8 @@ from edged.backends.cpu.vector_ir import (
 
 # Type kinds: one compiled gemv and one compiled gemm serve every type, `kind` picks the unpacker.
 KIND_Q4K, KIND_Q6K, KIND_IQ4XS, KIND_Q5K, KIND_Q3K, KIND_Q2K = 0, 1, 2, 3, 4, 5
+# Q4_K / Q5_K in the CPU's pair layout, whose copy also repacks qs (kquant_pairs.pack_nibbles)
+KIND_Q4KP, KIND_Q5KP = 6, 7
 
 
 def _bcast32(builder, p, boff):
@@ -76,12 +78,18 @@ def _q4k_scales(builder, bp):
     return builder.fmul(sc, splat(builder, d, V8F)), builder.fmul(mn, splat(builder, builder.fneg(dmin), V8F))
 
 
-def _q4k_nibbles(builder, bp, j, q5):
+def _q4k_nibbles(builder, bp, j, q5, packed=False):
     """64 unsigned weights (elements 64j .. 64j+63 of the superblock) from qs[32j : 32j+32]:
     low nibbles first (32-block 2j), then high nibbles (32-block 2j+1). Q5_K (q5) adds the fifth
-    bit of 32-block b, bit b of qh[l] (qh[32] sits before qs)."""
-    v = _bcast32(builder, bp, (48 if q5 else 16) + 32 * j)
-    v = builder.and_(_lshr8(builder, v, [0] * 16 + [4] * 16), const(V64I8, 0x0F))
+    bit of 32-block b, bit b of qh[l] (qh[32] sits before qs). packed: qs as pack_nibbles leaves
+    it, 32-blocks 2j, 2j+1 in qs[32j : 32j+16], qs[32j+16 : 32j+32]."""
+    if packed:
+        v = shuf(builder, load(builder, bp, (48 if q5 else 16) + 32 * j, V32I8),
+                 list(range(16)) * 2 + list(range(16, 32)) * 2)
+        v = builder.and_(_lshr8(builder, v, ([0] * 8 + [4] * 8) * 2), const(V64I8, 0x0F))
+    else:
+        v = _bcast32(builder, bp, (48 if q5 else 16) + 32 * j)
+        v = builder.and_(_lshr8(builder, v, [0] * 16 + [4] * 16), const(V64I8, 0x0F))
     if q5:
         h = _lshr8(builder, _bcast32(builder, bp, 16), [2 * j] * 16 + [2 * j + 1] * 16)
         h = _shl8(builder, builder.and_(h, const(V64I8, 0x01)), [4] * 32)
@@ -117,14 +125,18 @@ def _iq4xs_scales(builder, bp):
 _IL_SHIFT = ([0] * 8 + [4] * 8) * 2  # per 16-bit lane: low nibbles in 128-bit lanes 0, 2; high in 1, 3
 
 
-def _q4k_il(builder, bp, j, q5):
+def _q4k_il(builder, bp, j, q5, packed=False):
     """Chunk j = 2h + e of one Q4_K (Q5_K: q5) superblock in the gemv layout. Blocks 4h, 4h+1 are
     the low / high nibbles of qs[64h : 64h+32], blocks 4h+2, 4h+3 those of qs[64h+32 : 64h+64];
-    Q5_K adds bit b of qh[l] as the fifth bit of element l of block b."""
+    Q5_K adds bit b of qh[l] as the fifth bit of element l of block b. packed (pack_nibbles' qs):
+    the chunk is nibble e of qs[64h : 64h+64] as it stands, no lane shuffle."""
     h, e = divmod(j, 2)
     v = load(builder, bp, (48 if q5 else 16) + 64 * h, V64I8)
-    v = shuf(builder, v, [16 * lane + i for lane in (e, e, 2 + e, 2 + e) for i in range(16)])
-    v = builder.and_(_lshr8(builder, v, _IL_SHIFT), const(V64I8, 0x0F))
+    if packed:
+        v = builder.and_(_lshr8(builder, v, [4 * e] * 32), const(V64I8, 0x0F))
+    else:
+        v = shuf(builder, v, [16 * lane + i for lane in (e, e, 2 + e, 2 + e) for i in range(16)])
+        v = builder.and_(_lshr8(builder, v, _IL_SHIFT), const(V64I8, 0x0F))
     if q5:
         qh = shuf(builder, load(builder, bp, 16 + 16 * e, V16I8), list(range(16)) * 4)
         qh = _lshr8(builder, qh, [4 * h + i for i in range(4) for _ in range(8)])
@@ -226,4 +238,8 @@ TYPES = {
     KIND_Q6K: (Q6K_BYTES, _q6k_quants, _q6k_quants, _q6k_scales, "s16i"),
     KIND_Q3K: (Q3K_BYTES, _q3k_quants, _q3k_quants, _q3k_scales, "s16i"),
     KIND_Q2K: (Q2K_BYTES, _q2k_quants, _q2k_quants, _q2k_scales, "s16"),
+    KIND_Q4KP: (Q4K_BYTES, partial(_q4k_il, q5=False, packed=True), partial(_q4k_nibbles, q5=False, packed=True),
+                _q4k_scales, "s32"),
+    KIND_Q5KP: (Q5K_BYTES, partial(_q4k_il, q5=True, packed=True), partial(_q4k_nibbles, q5=True, packed=True),
+                _q4k_scales, "s32"),
 }

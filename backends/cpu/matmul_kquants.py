@@ -31,7 +31,9 @@ from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
 from edged.backends.cpu.kquant_decode import decode_row
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
 from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
-from edged.backends.cpu.kquant_unpack import KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K
+from edged.backends.cpu.kquant_unpack import (
+    KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q4KP, KIND_Q5K, KIND_Q5KP, KIND_Q6K,
+)
 from edged.backends.cpu.typed_kernel import bind
 
 QK_K = 256  # elements per superblock
@@ -293,10 +295,17 @@ def gemm_kquant(w, xq, xd, xs, y, kind, paired=0, tasks=0, pf=0, mode=0, threads
 KINDS = {T.Q2_K: KIND_Q2K, T.Q3_K: KIND_Q3K, T.Q4_K: KIND_Q4K, T.Q5_K: KIND_Q5K, T.Q6_K: KIND_Q6K, T.IQ4_XS: KIND_IQ4XS}
 KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind, 0), bind("gemm", qtype, gemm_kquant, kind, 0))
            for qtype, kind in KINDS.items()}
-# the same kernels over rows in kquant_pairs' pair layout (matmul.py picks them for a QTensor with
+# the kinds of rows in kquant_pairs' pair layout, whose Q4_K / Q5_K quants are repacked
+PAIRED_KINDS = {**KINDS, T.Q4_K: KIND_Q4KP, T.Q5_K: KIND_Q5KP}
+# the same kernels over rows in the pair layout (matmul.py picks them for a QTensor with
 # grouped=True; the same bits as the raw rows')
 PAIRED_KERNELS = {qtype: (bind("gemv", qtype, gemv_kquant, kind, 1), bind("gemm", qtype, gemm_kquant, kind, 1))
-                  for qtype, kind in KINDS.items()}
+                  for qtype, kind in PAIRED_KINDS.items()}
+
+
+def kind_of(w) -> int | None:
+    """The run-time kind of K-quant QTensor w's rows as they are stored (None: not a K-quant)."""
+    return (PAIRED_KINDS if w.grouped else KINDS).get(w.qtype)
 
 # knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in bytes
 KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {}}

@@ -23,7 +23,7 @@ from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, rows_dot
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
 from edged.backends.cpu import lowbit_rows
 from edged.backends.cpu.matmul import gemv_max_n, matmul, takes_q8
-from edged.backends.cpu.matmul_kquants import GEMV_ROWS, KINDS, QK_K, gemv_operands, row_start
+from edged.backends.cpu.matmul_kquants import GEMV_ROWS, QK_K, gemv_operands, kind_of, row_start
 from edged.backends.cpu.matmul_legacy import KIND as LEGACY_KINDS
 from edged.backends.cpu.matmul_lowbit import KINDS as LOWBIT_KINDS, _split_row
 from edged.backends.cpu.matmul_lowbit import gemv_operands as lowbit_operands
@@ -194,9 +194,9 @@ def moe_matmul(ws, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, cuts: n
     _check_weights(ws, x)
     n_expert, m, _ = ws[0].shape
     qtype = ws[0].qtype
-    kind = KINDS.get(qtype)
+    kind = kind_of(ws[0])  # one kind for both weights: a raw and a paired stack run apart
     fused = (kind is not None or qtype in _EXPERTS_LEGACY or qtype in LOWBIT_KINDS) and all(
-        w.qtype == qtype for w in ws)
+        w.qtype == qtype and kind_of(w) == kind for w in ws)
     err, small, n_small = _small_groups(rows, experts, cuts, x.shape[0], n_expert, gemv_max_n(qtype) if fused else 0)
     if err:
         raise ValueError("moe_matmul: " + _GROUP_ERRORS[err].format(e=n_expert, n=x.shape[0]))

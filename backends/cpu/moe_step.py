@@ -15,7 +15,7 @@ from edged.backends.cpu.act_quant import quantize_row_q8_serial, quantize_rows_q
 from edged.backends.cpu.activations import _silu_mul_rows, _silu_mul_rows_serial
 from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
 from edged.backends.cpu.matmul import gemv_max_n
-from edged.backends.cpu.matmul_kquants import KINDS, QK_K
+from edged.backends.cpu.matmul_kquants import QK_K, kind_of
 from edged.backends.cpu.moe_combine import _combine_rows, _combine_rows_serial
 from edged.backends.cpu.moe_matmul import _GROUP_ERRORS, _check_weights, _experts_gemv, _prepare, _small_groups
 from edged.quant.tensor import QTensor
@@ -81,9 +81,9 @@ def moe_ffn_step(gate: QTensor, up: QTensor, down: QTensor, h: np.ndarray, token
     tokens, experts, cuts; src int32 [n, k] and weights float32 [n, k] as moe_route gives them):
     float32 [n, n_embd]. None where this path does not apply (another activation or weight type,
     or a group past the gemv's batch): the caller runs the general path, which gives the same bits."""
-    if act not in ACTIVATIONS or not all(isinstance(w, QTensor) and w.qtype in KINDS for w in (gate, up, down)):
+    if act not in ACTIVATIONS or not all(isinstance(w, QTensor) and kind_of(w) is not None for w in (gate, up, down)):
         return None
-    if gate.qtype != up.qtype:
+    if gate.qtype != up.qtype or kind_of(gate) != kind_of(up):  # one kind runs both
         return None
     x = np.ascontiguousarray(h, dtype=np.float32)
     _check_weights((gate, up), x)
@@ -95,8 +95,8 @@ def moe_ffn_step(gate: QTensor, up: QTensor, down: QTensor, h: np.ndarray, token
     if src.ndim != 2 or src.shape[0] != x.shape[0] or weights.shape != src.shape:
         raise ValueError(f"moe_ffn_step: src {src.shape} and weights {weights.shape} must be [{x.shape[0]}, k]")
     out = np.empty((x.shape[0], x.shape[1]), np.float32)  # [n, n_embd]
-    err = _step(gate.rows(), up.rows(), down.rows(), gate.grouped, up.grouped, down.grouped, KINDS[gate.qtype],
-                KINDS[down.qtype], x, np.ascontiguousarray(tokens, dtype=np.int32),
+    err = _step(gate.rows(), up.rows(), down.rows(), gate.grouped, up.grouped, down.grouped, kind_of(gate),
+                kind_of(down), x, np.ascontiguousarray(tokens, dtype=np.int32),
                 np.ascontiguousarray(experts, dtype=np.int64), np.ascontiguousarray(cuts, dtype=np.int64), src,
                 weights, n_expert, min(gemv_max_n(gate.qtype), gemv_max_n(down.qtype)), out)
     if err == 4:

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.embed import embed
-from edged.backends.cpu.kquant_pairs import pair_rows, unpaired_rows
+from edged.backends.cpu.kquant_pairs import pack_nibbles, pair_rows, unpack_nibbles, unpaired_rows
 from edged.backends.cpu.matmul_kquants import KINDS
 from edged.quant.dequant import dequantize
 from edged.quant.types import traits
@@ -22,20 +22,42 @@ TYPES = list(KINDS)
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_pair_layout_and_its_inverse(qtype):
-    """Pair p's bytes are row 2p's superblock s then row 2p + 1's, for s in order; unpaired_rows
-    gives back any rows, in any order, repeated."""
+    """Pair p's bytes are row 2p's superblock s then row 2p + 1's, for s in order (Q4_K / Q5_K
+    with qs repacked, every other byte as it was); unpaired_rows gives back any rows, in any order,
+    repeated."""
     w = random_qtensor(qtype, 6, 768, seed=2)
     raw, bb = w.rows(), traits(qtype).type_size
-    p = pair_rows(raw, bb)
+    p = pair_rows(raw, qtype)
     assert p.shape == raw.shape and p.dtype == np.uint8
+    qs = {T.Q4_K: 16, T.Q5_K: 48}.get(qtype)
     for pair in range(3):
         flat = p[2 * pair:2 * pair + 2].reshape(-1)
         for s in range(3):
             for j in range(2):
-                np.testing.assert_array_equal(flat[(2 * s + j) * bb:(2 * s + j + 1) * bb],
-                                              raw[2 * pair + j, s * bb:(s + 1) * bb])
+                got = flat[(2 * s + j) * bb:(2 * s + j + 1) * bb].copy()
+                if qs is not None:
+                    got[qs:qs + 128] = unpack_nibbles(got[qs:qs + 128])
+                np.testing.assert_array_equal(got, raw[2 * pair + j, s * bb:(s + 1) * bb])
     ids = np.array([5, 0, 3, 3, 2])
-    np.testing.assert_array_equal(unpaired_rows(p, bb, ids), raw[ids])
+    np.testing.assert_array_equal(unpaired_rows(p, qtype, ids), raw[ids])
+
+
+def test_packed_nibbles():
+    """pack_nibbles puts element i of 32-block b in the low and element 16 + i in the high nibble
+    of byte 16b + i (b = 0..7 over the superblock's 256 elements as GGUF's Q4_K orders them), and
+    unpack_nibbles undoes it."""
+    qs = np.random.default_rng(0).integers(0, 256, (3, 128), dtype=np.uint8)
+    el = np.empty((3, 8, 32), np.uint8)  # [row, 32-block, element] as GGUF's Q4_K stores them
+    for h in range(2):
+        for half in range(2):
+            part = qs[:, 64 * h + 32 * half:64 * h + 32 * half + 32]
+            el[:, 4 * h + 2 * half] = part & 0x0F
+            el[:, 4 * h + 2 * half + 1] = part >> 4
+    packed = pack_nibbles(qs)
+    for b in range(8):
+        np.testing.assert_array_equal(packed[:, 16 * b:16 * b + 16] & 0x0F, el[:, b, :16])
+        np.testing.assert_array_equal(packed[:, 16 * b:16 * b + 16] >> 4, el[:, b, 16:])
+    np.testing.assert_array_equal(unpack_nibbles(packed), qs)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -93,10 +115,11 @@ def test_experts_in_row_pairs_give_the_raw_bits(qtype):
     rows = np.array([2, 0, 1, 3, 4, 5, 6, 0, 1, 2], np.int32)
     experts, cuts = np.array([3, 0, 4]), np.array([0, 1, 4, 10])  # groups of 1, 3 and 6 tokens
     x = activations(7, k, seed=3)
-    for use in ((0, 1), (1,)):
-        got = moe_matmul([paired[i] for i in use], x, rows, experts, cuts)
-        want = moe_matmul([stacks[i] for i in use], x, rows, experts, cuts)
-        for g, w in zip(got, want):
+    want = moe_matmul(stacks, x, rows, experts, cuts)
+    # both paired, one alone, and gate paired with up raw (the memory guard copied one of them)
+    for use in ([paired[0], paired[1]], [paired[1]], [paired[0], stacks[1]]):
+        got = moe_matmul(use, x, rows, experts, cuts)
+        for g, w in zip(got, want if len(use) == 2 else want[1:]):
             np.testing.assert_array_equal(g, w)
     odd = QTensor("odd", qtype, (ne, 7, k), random_qtensor(qtype, ne * 7, k, seed=4).data)
     assert mm.for_matmul(odd) is odd

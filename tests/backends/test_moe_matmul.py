@@ -42,7 +42,7 @@ def test_equals_matmul_of_each_slab(qtype, m, k, monkeypatch):
     mod = importlib.import_module("edged.backends.cpu.moe_matmul")
     per_group = []  # the fallback's matmul calls: only groups past the gemv threshold for fused types
     monkeypatch.setattr(mod, "matmul", lambda w, xr, **kw: per_group.append(len(xr)) or cpu.matmul(w, xr, **kw))
-    fused = qtype in mod.KINDS or qtype in mod._EXPERTS_LEGACY or qtype in mod.LOWBIT_KINDS
+    fused = mod.kind_of(ws[0]) is not None or qtype in mod._EXPERTS_LEGACY or qtype in mod.LOWBIT_KINDS
     sizes = [int(b - a) for a, b in zip(CUTS[:-1], CUTS[1:]) if b > a]
     for use in (ws, ws[1:]):
         per_group.clear()

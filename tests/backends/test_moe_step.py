@@ -75,6 +75,7 @@ def test_none_where_it_does_not_apply():
     legacy = _stacked(T.Q8_0, FF, D, 4, "up")
     assert cpu.moe_ffn_step(gate, legacy, dn, *args, "silu") is None
     assert cpu.moe_ffn_step(gate, _stacked(T.Q5_K, FF, D, 5, "up"), dn, *args, "silu") is None  # gate, up differ
+    assert cpu.moe_ffn_step(paired(gate), up, dn, *args, "silu") is None  # one paired (repacked), one raw
     # 9 tokens all on expert 0 at rank 0: a group past the gemv's batch
     n = 9
     hb = np.random.default_rng(1).standard_normal((n, D)).astype(np.float32)
