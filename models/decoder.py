@@ -35,13 +35,15 @@ from edged.quant.tensor import QTensor
 
 @dataclass
 class AttentionWeights:
-    """One layer's attention projections: separate q/k/v or one fused qkv (rows q|k|v)."""
+    """One layer's attention projections: separate q/k/v, one fused qkv (rows q|k|v), or fused qk
+    (rows q|k) beside v where v's type differs (Q4_K_M files: q, k Q4_K and v Q6_K)."""
 
     wo: QTensor  # [n_embd, n_heads*head_dim]
     wq: QTensor | None = None  # [n_heads*head_dim, n_embd]
     wk: QTensor | None = None  # [n_kv_heads*head_dim, n_embd]
     wv: QTensor | None = None  # [n_kv_heads*head_dim, n_embd]
     wqkv: QTensor | None = None  # [(n_heads + 2*n_kv_heads)*head_dim, n_embd]
+    wqk: QTensor | None = None  # [(n_heads + n_kv_heads)*head_dim, n_embd]: with wv, no wq / wk
     bq: np.ndarray | None = None  # float32 biases (Qwen2)
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -319,6 +321,10 @@ class DecoderModel:
             q = ops.slice_cols(qkv, 0, nh * hd)
             k = ops.slice_cols(qkv, nh * hd, (nh + nkv) * hd)
             v = ops.slice_cols(qkv, (nh + nkv) * hd, (nh + 2 * nkv) * hd)
+        elif a.wqk is not None:
+            qk, v = matmuls(ops, (a.wqk, a.wv), h)  # [n, (nh + nkv)*hd], [n, nkv*hd]
+            q = ops.slice_cols(qk, 0, nh * hd)
+            k = ops.slice_cols(qk, nh * hd, (nh + nkv) * hd)
         else:
             q, k, v = matmuls(ops, (a.wq, a.wk, a.wv), h)  # [n, nh*hd], [n, nkv*hd] x 2
         if a.bq is not None:
@@ -348,7 +354,7 @@ def _rope_store(ops, q, k, v, kv: LayerKV, batch: Batch, rope: RopeParams, eps: 
 def layer_matrices(lw: LayerWeights):
     """(name, QTensor) of every matrix layer `lw` multiplies by (stacked experts as one each)."""
     ffn = lw.ffn
-    for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wo,
+    for w in (lw.attn.wq, lw.attn.wk, lw.attn.wv, lw.attn.wqkv, lw.attn.wqk, lw.attn.wo,
               *((ffn.gate, ffn.up, ffn.down) if ffn is not None else ())):
         if w is not None:
             yield w.name, w
@@ -395,14 +401,18 @@ def _concat_rows(ws, name: str) -> QTensor:
 def _fused(ops, lw: LayerWeights, host_ops) -> LayerWeights:
     """lw with q|k|v and gate|up each concatenated into one matrix where their types match and
     backend `ops` fuses them (host: fuses_rows; a device always, its upload copies anyway): one
-    matmul call and one activation quantization instead of three (two)."""
+    matmul call and one activation quantization instead of three (two); q|k alone where only v's
+    type differs."""
     fuses = getattr(ops, "fuses_rows", None) if ops is host_ops else (lambda qtype: True)
     if fuses is None:
         return lw
     a, f = lw.attn, lw.ffn
-    if a.wq is not None and a.wq.qtype == a.wk.qtype == a.wv.qtype and fuses(a.wq.qtype):
-        name = a.wq.name.replace("attn_q", "attn_qkv", 1)
-        a = replace(a, wq=None, wk=None, wv=None, wqkv=_concat_rows([a.wq, a.wk, a.wv], name))
+    if a.wq is not None and a.wq.qtype == a.wk.qtype and fuses(a.wq.qtype):
+        if a.wv.qtype == a.wq.qtype:
+            name = a.wq.name.replace("attn_q", "attn_qkv", 1)
+            a = replace(a, wq=None, wk=None, wv=None, wqkv=_concat_rows([a.wq, a.wk, a.wv], name))
+        else:
+            a = replace(a, wq=None, wk=None, wqk=_concat_rows([a.wq, a.wk], a.wq.name.replace("attn_q", "attn_qk", 1)))
     if f is not None and f.gate is not None and f.gate.qtype == f.up.qtype and fuses(f.gate.qtype):
         f = replace(f, gate=None, up=_concat_rows([f.gate, f.up], f.gate.name.replace("ffn_gate", "ffn_gate_up", 1)))
     return lw if (a is lw.attn and f is lw.ffn) else replace(lw, attn=a, ffn=f)

@@ -94,3 +94,23 @@ def test_same_typed_projections_run_as_one_matrix_with_the_same_bits(arch, tmp_p
     assert all(lw.attn.wqkv is None and lw.ffn.gate is not None for lw in apart._run_layers)
     a, b = greedy(fused, PROMPT, 6), greedy(apart, PROMPT, 6)
     assert a.ids == b.ids and a.steps == b.steps
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_q_and_k_run_as_one_matrix_where_v_differs(arch, tmp_path, monkeypatch):
+    """The tiny model's even layers have q, k Q5_0 and v Q8_0 (odd ones k Q4_0): there q|k is
+    placed as one matrix beside v, elsewhere all stay apart, with the separate matrices' bits."""
+    gf = load_gguf(write_tiny_model(tmp_path / "m.gguf", arch, seed=5))
+    fused = load_model(gf)
+    for i, lw in enumerate(fused._run_layers):
+        a = lw.attn
+        assert (a.wqk is not None) == (i % 2 == 0) and a.wqkv is None, i
+        if a.wqk is not None:
+            assert a.wq is None and a.wk is None and a.wv.qtype == T.Q8_0
+            hp = fused.hparams
+            assert a.wqk.name == f"blk.{i}.attn_qk.weight" and a.wqk.shape[0] == (hp.n_heads + hp.n_kv_heads) * hp.head_dim
+    monkeypatch.setattr(cpu, "fuses_rows", lambda qtype: False)
+    apart = load_model(gf)
+    assert all(lw.attn.wqk is None and lw.attn.wq is not None for lw in apart._run_layers)
+    a, b = greedy(fused, PROMPT, 6), greedy(apart, PROMPT, 6)
+    assert a.ids == b.ids and a.steps == b.steps
