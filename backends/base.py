@@ -27,6 +27,8 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     moe_ffn_step(gate, up, down, h, tokens, experts, cuts, src, weights, act) -> [n, d] or None
         (optional, CPU: the routed experts' gated FFN and moe_combine in one call where every group
         is small, same bits; None where it does not apply)
+    moe_block_step(router, k, gating, norm_topk, scale, gate_b, probs_b, gate, up, down, h, act)
+        -> [n, d] or None (optional, CPU: the router's matmul and the routing too, at decode)
 
 Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
     upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle

@@ -161,11 +161,12 @@ def _experts_ffn(ops, mw: MoEWeights, h, tokens, experts, cuts, act):
     return y
 
 
-def _steps_fused(ops, mw: MoEWeights) -> bool:
-    """Whether ops.moe_ffn_step may run this layer: host-stacked separate gate and up, no biases
-    and no shared expert (it returns None for batches or types it does not take)."""
-    return (hasattr(ops, "moe_ffn_step") and isinstance(mw.up_exps, QTensor) and isinstance(mw.gate_exps, QTensor)
-            and mw.shared is None and not _has_biases(mw))
+def _steps_fused(mw: MoEWeights) -> bool:
+    """Whether a backend's moe_block_step / moe_ffn_step may run this layer: host-stacked separate
+    gate and up, no biases and no shared expert (they return None for batches or types they do not
+    take)."""
+    return (isinstance(mw.up_exps, QTensor) and isinstance(mw.gate_exps, QTensor) and mw.shared is None
+            and not _has_biases(mw))
 
 
 def moe_ffn(ops, mw: MoEWeights, h, act: str):
@@ -175,10 +176,16 @@ def moe_ffn(ops, mw: MoEWeights, h, act: str):
     if n == 0:
         return h
     act_fn = GATED_ACTIVATIONS[act]
+    fused = _steps_fused(mw)
+    if fused and hasattr(ops, "moe_block_step"):  # a decode step's whole routed block in one call (CPU)
+        out = ops.moe_block_step(mw.gate_inp, mw.n_expert_used, mw.gating, mw.norm_topk, mw.weights_scale,
+                                 mw.gate_inp_b, mw.exp_probs_b, mw.gate_exps, mw.up_exps, mw.down_exps, h, act)
+        if out is not None:
+            return out
     logits = ops.to_host(ops.matmul(mw.gate_inp, h))  # float32 [n, n_expert]
     _, weights, tokens, experts, cuts, src = _routed(mw, logits)  # pairs grouped by expert
     k = weights.shape[1]
-    if _steps_fused(ops, mw):  # a decode step's experts and their sum in one call (CPU)
+    if fused and hasattr(ops, "moe_ffn_step"):  # the experts and their sum in one call where groups are small
         out = ops.moe_ffn_step(mw.gate_exps, mw.up_exps, mw.down_exps, h, tokens, experts, cuts, src, weights, act)
         if out is not None:
             return out

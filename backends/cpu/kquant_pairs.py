@@ -19,7 +19,6 @@ each 64-weight chunk of its layout as one nibble of a 64-byte load, without GGUF
 from dataclasses import replace
 
 import numpy as np
-
 from gguf import GGMLQuantizationType as T
 
 from edged.quant.tensor import QTensor

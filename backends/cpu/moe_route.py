@@ -18,6 +18,11 @@ _NORM_MIN = np.float32(6.103515625e-5)  # llama.cpp clamps the chosen weights' s
 _NONE = np.zeros(0, np.float32)  # "no bias"
 
 
+def bias_array(b) -> np.ndarray:
+    """A gating bias as the kernel takes it: float32 [n_expert], or _NONE for None."""
+    return _NONE if b is None else np.ascontiguousarray(b, dtype=np.float32)
+
+
 @nb.njit(cache=True, nogil=True)
 def _softmax_inplace(v):
     n = v.shape[0]
@@ -108,6 +113,5 @@ def route_groups(logits: np.ndarray, k: int, gating: str, norm_topk: bool = Fals
     token of grouped pair q, src[t, r] the grouped position of token t's rank-r pair. gate_b is
     added to the logits, probs_b to the probs for the selection only (float32 [E] each)."""
     logits = np.ascontiguousarray(logits, dtype=np.float32)
-    bias = lambda b: _NONE if b is None else np.ascontiguousarray(b, dtype=np.float32)  # noqa: E731
     return _route_groups(logits, int(k), GATING_CODES[gating], bool(norm_topk), np.float32(scale),
-                         bias(gate_b), bias(probs_b))
+                         bias_array(gate_b), bias_array(probs_b))

@@ -46,14 +46,16 @@ def _rope_store_serial(q, k, v, q_norm, k_norm, eps, cs, n_dims, neox, kc, vc, k
 def _step_cos_sin(p: RopeParams, positions: np.ndarray, hd: int) -> tuple:
     """(cs float32 [n, 2, n_dims/2], n_dims, neox) of these positions under p, kept on p: every
     layer with this RoPE asks for the same ones in a step (a decode step's trig, done once)."""
-    n_dims, neox, theta_scale, freq_scale, table, mscale = rope_kernel_args(p, hd)
-    # the table is rebuilt when p changes; positions as bytes: cheaper to compare than arrays
-    key = (n_dims, neox, theta_scale, freq_scale, mscale, positions.tobytes())
+    # keyed by p's fields, not by rope_kernel_args' results: deriving those costs ~2.6 µs a call;
+    # positions as bytes: cheaper to compare than arrays
+    key = (hd, p.dim, p.freq_base, p.neox, p.freq_scale, p.ext_factor, p.attn_factor, p.orig_ctx, p.beta_fast,
+           p.beta_slow, positions.tobytes())
     hit = p.__dict__.get("_step_cs")
-    if hit is not None and hit[0] == key and hit[1] is table:
-        return hit[2], n_dims, neox
+    if hit is not None and hit[0] == key and hit[1] is p.freq_factors:
+        return hit[2:]
+    n_dims, neox, theta_scale, freq_scale, table, mscale = rope_kernel_args(p, hd)
     cs = cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale)
-    p.__dict__["_step_cs"] = (key, table, cs)
+    p.__dict__["_step_cs"] = (key, p.freq_factors, cs, n_dims, neox)
     return cs, n_dims, neox
 
 

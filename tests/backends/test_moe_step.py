@@ -1,7 +1,9 @@
 """cpu.moe_ffn_step (a decode step's routed experts and their sum in one call) against the general
 path it stands for (moe_matmul for gate and up, silu_mul, moe_matmul for down, moe_combine), bit
 for bit: K-quant types, raw and paired stacks, one to three tokens; None where it does not apply;
-bad routing refused. And moe_ffn takes it at decode with the same bits.
+bad routing refused. cpu.moe_block_step (the router's matmul and the routing too) against the
+router's matmul, route_groups and that path, for each gating. And moe_ffn takes them at decode
+with the same bits.
 """
 
 from types import SimpleNamespace
@@ -12,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 
 import edged.backends.cpu as cpu
 from edged.backends.cpu.kquant_pairs import paired
+from edged.backends.cpu.matmul import gemv_max_n
 from edged.backends.cpu.moe_route import route_groups
 from edged.models.moe import MoEWeights, moe_ffn
 from edged.quant.tensor import QTensor
@@ -102,18 +105,69 @@ def test_bad_routing_refused():
         cpu.moe_ffn_step(gate, up, dn, h, tokens, experts, cuts, src[:, :1], weights, "silu")
 
 
-def test_moe_ffn_takes_it_at_decode(monkeypatch):
-    """moe_ffn at one token runs moe_ffn_step (one call for the experts), and gives the bits the
-    CPU backend without it gives."""
+def _router(seed) -> QTensor:
+    w = (np.random.default_rng(seed).standard_normal((E, D)) * 0.3).astype(np.float32)
+    return QTensor("router", T.F32, (E, D), w.view(np.uint8).ravel())
+
+
+# (gating, norm_topk, scale, gate_b, probs_b): qwen3moe's, gpt-oss's selection, deepseek's
+GATINGS = [("softmax", True, 1.0, None, None),
+           ("softmax_topk", False, 1.0, np.linspace(-1, 1, E, dtype=np.float32), None),
+           ("sigmoid", True, 2.5, None, np.linspace(0.5, -0.5, E, dtype=np.float32))]
+
+
+@pytest.mark.parametrize("gating", GATINGS, ids=lambda g: g[0])
+@pytest.mark.parametrize("n", [1, 3])
+def test_block_step_same_bits_as_router_then_general_path(gating, n):
+    """moe_block_step = matmul of the router, route_groups, then the general experts path."""
+    name, norm, scale, gate_b, probs_b = gating
+    router = _router(n)
+    gate, up = _stacked(T.Q4_K, FF, D, 1, "gate", True), _stacked(T.Q4_K, FF, D, 2, "up", True)
+    dn = _stacked(T.Q6_K, D, FF, 3, "down", True)
+    h = np.random.default_rng(20 + n).standard_normal((n, D)).astype(np.float32)
+    _, w, tok, ex, cuts, src = route_groups(cpu.matmul(router, h), 3, name, norm, scale, gate_b, probs_b)
+    got = cpu.moe_block_step(router, 3, name, norm, scale, gate_b, probs_b, gate, up, dn, h, "silu")
+    assert got is not None and np.array_equal(got, _general(gate, up, dn, h, w, tok, ex, cuts, src))
+
+
+def test_block_step_none_or_refused():
+    gate, up, dn = _stacked(T.Q4_K, FF, D, 1, "gate"), _stacked(T.Q4_K, FF, D, 2, "up"), _stacked(T.Q6_K, D, FF, 3, "down")
+    router = _router(0)
+    h = np.random.default_rng(0).standard_normal((1, D)).astype(np.float32)
+    args = (gate, up, dn, h, "silu")
+    assert cpu.moe_block_step(router, 2, "softmax", True, 1.0, None, None, *args) is not None
+    many = np.zeros((gemv_max_n(T.Q4_K) + 1, D), np.float32)  # past the gemv's batch: the general path
+    assert cpu.moe_block_step(router, 2, "softmax", True, 1.0, None, None, gate, up, dn, many, "silu") is None
+    f16 = QTensor("router", T.F16, (E, D), np.zeros(E * D, np.float16).view(np.uint8))
+    assert cpu.moe_block_step(f16, 2, "softmax", True, 1.0, None, None, *args) is None
+    assert cpu.moe_block_step(router, 2, "softmax", True, 1.0, None, None, gate, up, dn, h, "gelu_tanh") is None
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu.moe_block_step(router, E + 1, "softmax", True, 1.0, None, None, *args)
+    small = QTensor("router", T.F32, (E - 1, D), np.zeros((E - 1) * D, np.float32).view(np.uint8))
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu.moe_block_step(small, 2, "softmax", True, 1.0, None, None, *args)
+
+
+def test_moe_ffn_takes_the_steps_at_decode():
+    """moe_ffn at one token runs moe_block_step (the router, the routing and the experts in one
+    call); without it, moe_ffn_step after the routing; both give the bits of the CPU backend
+    without either."""
     rng = np.random.default_rng(5)
-    mw = MoEWeights(
-        gate_inp=QTensor("router", T.F32, (E, D), (rng.standard_normal((E, D)) * 0.3).astype(np.float32).view(np.uint8).ravel()),
-        up_exps=_stacked(T.Q4_K, FF, D, 6, "up", True), down_exps=_stacked(T.Q6_K, D, FF, 7, "down"),
-        gate_exps=_stacked(T.Q4_K, FF, D, 8, "gate", True), n_expert_used=3, norm_topk=True)
-    without = SimpleNamespace(**{name: getattr(cpu, name) for name in cpu.__all__ if name != "moe_ffn_step"})
-    calls = []
-    ops = SimpleNamespace(**{name: getattr(cpu, name) for name in cpu.__all__})
-    ops.moe_ffn_step = lambda *a: calls.append(1) or cpu.moe_ffn_step(*a)
+    mw = MoEWeights(gate_inp=_router(5), up_exps=_stacked(T.Q4_K, FF, D, 6, "up", True),
+                    down_exps=_stacked(T.Q6_K, D, FF, 7, "down"), gate_exps=_stacked(T.Q4_K, FF, D, 8, "gate", True),
+                    n_expert_used=3, norm_topk=True)
     h = rng.standard_normal((1, D)).astype(np.float32)
-    assert np.array_equal(moe_ffn(ops, mw, h, "silu"), moe_ffn(without, mw, h, "silu"))
-    assert calls == [1]
+
+    def ops_without(*names):
+        calls = []
+        ops = SimpleNamespace(**{name: getattr(cpu, name) for name in cpu.__all__ if name not in names})
+        for name in ("moe_block_step", "moe_ffn_step"):
+            if hasattr(ops, name):
+                setattr(ops, name, lambda *a, name=name: calls.append(name) or getattr(cpu, name)(*a))
+        return ops, calls
+
+    want = moe_ffn(ops_without("moe_block_step", "moe_ffn_step")[0], mw, h, "silu")
+    ops, calls = ops_without()
+    assert np.array_equal(moe_ffn(ops, mw, h, "silu"), want) and calls == ["moe_block_step"]
+    ops, calls = ops_without("moe_block_step")
+    assert np.array_equal(moe_ffn(ops, mw, h, "silu"), want) and calls == ["moe_ffn_step"]

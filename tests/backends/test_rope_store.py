@@ -75,3 +75,10 @@ def test_one_rope_table_per_step_follows_positions_and_params():
     p.freq_base = 500000.0
     rebased = both(q, k, v, positions, slots)
     assert np.array_equal(*rebased) and not np.array_equal(rebased[0], moved[0])
+    last = rebased[0]
+    for field, value in (("freq_scale", 0.5), ("freq_factors", np.linspace(1.0, 4.0, 32, dtype=np.float32)),
+                         ("attn_factor", 2.0), ("freq_factors", None), ("dim", 32)):
+        setattr(p, field, value)  # each a field the kept table is keyed by
+        got = both(q, k, v, positions, slots)
+        assert np.array_equal(*got) and not np.array_equal(got[0], last), field
+        last = got[0]

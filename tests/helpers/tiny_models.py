@@ -55,6 +55,7 @@ class TinySpec:
     n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
     n_expert_used: int = 0  # experts per token
     n_ff_exp: int = 0  # rows of each expert's gate/up (a multiple of 256 so ffn_down_exps can be a K-quant)
+    expert_type: object = None  # every expert stack in this type (default: gate/up Q8_0, down Q4_K / Q8_0)
 
 
 def default_spec(arch: str, **overrides) -> TinySpec:
@@ -148,6 +149,7 @@ def model_tensors(spec: TinySpec, seed: int = 0) -> dict:
                                             ("ffn_down_exps", e, fe, (T.Q4_K, T.Q8_0)[i % 2])):
                 if a == "gpt-oss":
                     qtype = GPT_OSS_EXPERT_TYPE
+                qtype = spec.expert_type or qtype
                 arr, raw = _quantized(rng, qtype, n_x * rows, cols, f"{p}.{name}.weight")
                 t[f"{p}.{name}.weight"] = (arr.reshape(n_x, rows, -1), raw)  # [n_expert, rows, row bytes]
                 if a == "gpt-oss":  # a bias per expert: [n_expert, rows]

@@ -191,6 +191,23 @@ def qwen3moe(tmp_path_factory):
 U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
 
 
+def test_qwen3moe_decode_steps_keep_the_bits(tmp_path, monkeypatch):
+    """With Q4_K experts (n_embd 256) the decode steps run the CPU's one-call MoE block
+    (moe_block_step), and the greedy tokens and every step's top-5 logprobs equal those of the
+    general path (the backend without the fused steps)."""
+    gf = load_gguf(write_tiny_model(tmp_path / "m.gguf", "qwen3moe", seed=6, n_embd=256, expert_type=T.Q4_K))
+    calls = []
+    real = cpu.moe_block_step
+    monkeypatch.setattr(cpu, "moe_block_step", lambda *a: calls.append(a[-2].shape[0]) or real(*a))
+    prompt = [5, 17, 42, 99, 7, 3, 250, 11]
+    fused = greedy(load_model(gf), prompt, 6)
+    assert 1 in calls  # the decode tokens' layers
+    monkeypatch.delattr(cpu, "moe_block_step")
+    monkeypatch.delattr(cpu, "moe_ffn_step")
+    plain = greedy(load_model(gf), prompt, 6)
+    assert fused.ids == plain.ids and fused.steps == plain.steps
+
+
 @pytest.mark.parametrize("kv, match", [
     ({"qwen3moe.expert_used_count": (0, U32)},
      r"qwen3moe\.expert_used_count = 0: must be in \[1, qwen3moe\.expert_count = 8\]"),
