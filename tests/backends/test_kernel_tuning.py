@@ -282,14 +282,16 @@ def test_retune_goes_with_kernels():
 
 
 def test_loader_tunes_a_cpu_model_once(cache_dir, tmp_path):
-    """The first load times the model's shapes and caches them; the next reads the cache."""
+    """The first load times the shapes the model's forward runs (q|k fused in its even layers)
+    and caches them; the next reads the cache."""
     from edged.loader import load
     from tests.helpers.tiny_models import write_tiny_model
 
     path = write_tiny_model(tmp_path / "tiny.gguf", "llama")
     first = load(str(path), quiet=True)
     assert first.tuning["tuned"] and tuning.cache_path().exists()
-    shapes = {tuning.shape_key(*g) for g in tuning.group_tensors(w for _, w in first.model.matrices())}
+    run = [w for _, w in first.model.matrices(placed=True)]
+    shapes = {tuning.shape_key(*g) for g in tuning.group_tensors(run)}
     assert shapes <= set(tuning.read_cache())
     again = load(str(path), quiet=True)
     assert again.tuning["tuned"] == [] and again.tuning["shapes"] == tuning.read_cache()
