@@ -53,15 +53,14 @@ def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     return (els[..., 0, :, :] | (els[..., 1, :, :] << 4)).reshape(qs.shape).astype(np.uint8)
 
 
-def _repacked(rows: np.ndarray, qtype, block_bytes: int, fn) -> np.ndarray:
-    """rows uint8 [m, row_bytes] with each superblock's qs passed through fn (a copy), or rows
-    itself for types without a repack."""
+def _repack_in_place(rows: np.ndarray, qtype, block_bytes: int, fn) -> np.ndarray:
+    """rows (a fresh uint8 [m, row_bytes] copy) with each superblock's qs passed through fn, in
+    place; types without a repack are left as they are. Returns rows."""
     at = _QS_AT.get(qtype)
-    if at is None:
-        return rows
-    sb = rows.reshape(rows.shape[0], -1, block_bytes).copy()  # [m, superblocks, bytes]
-    sb[..., at:at + 128] = fn(sb[..., at:at + 128])
-    return sb.reshape(rows.shape)
+    if at is not None:
+        sb = rows.reshape(rows.shape[0], -1, block_bytes)  # [m, superblocks, bytes]: a view
+        sb[..., at:at + 128] = fn(sb[..., at:at + 128])
+    return rows
 
 
 def pair_rows(rows: np.ndarray, qtype) -> np.ndarray:
@@ -70,8 +69,9 @@ def pair_rows(rows: np.ndarray, qtype) -> np.ndarray:
     m, rb = rows.shape
     bb = traits(qtype).type_size
     nsb = rb // bb
-    out = np.ascontiguousarray(rows.reshape(m // 2, 2, nsb, bb).swapaxes(1, 2)).reshape(m, rb)
-    return _repacked(out, qtype, bb, pack_nibbles) if qtype in _QS_AT else out
+    # always a copy (ascontiguousarray would hand back a view of a one-superblock pair's rows)
+    out = rows.reshape(m // 2, 2, nsb, bb).swapaxes(1, 2).copy().reshape(m, rb)
+    return _repack_in_place(out, qtype, bb, pack_nibbles)
 
 
 def unpaired_rows(rows: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
@@ -81,8 +81,8 @@ def unpaired_rows(rows: np.ndarray, qtype, ids: np.ndarray) -> np.ndarray:
     bb = traits(qtype).type_size
     nsb = rb // bb
     by_pair = rows.reshape(m // 2, nsb, 2, bb)  # [pair, superblock, row of the pair, bytes]
-    raw = by_pair[ids // 2, :, ids % 2].reshape(len(ids), rb)
-    return _repacked(raw, qtype, bb, unpack_nibbles)
+    raw = np.ascontiguousarray(by_pair[ids // 2, :, ids % 2]).reshape(len(ids), rb)  # gathered: a fresh array
+    return _repack_in_place(raw, qtype, bb, unpack_nibbles)
 
 
 def paired(w: QTensor) -> QTensor:
