@@ -289,6 +289,33 @@ class DecoderModel:
 
     # --- one block -------------------------------------------------------------------------------
     def _layer(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
+        step = None if rows is not None else self._attention_step(ops, lw, x, batch, kv)
+        if step is None:
+            x, h = self._attention_block(ops, lw, x, batch, kv, rows)
+            if h is None:  # a pure prefill chunk: the KV is written, no logits are wanted
+                return x
+        else:
+            x, h = step
+        f = self._ffn(ops, lw.ffn, h) if lw.moe is None else moe_ffn(ops, lw.moe, h, self.ffn_act)
+        if lw.post_ffn_norm is not None:
+            f = ops.rms_norm(f, lw.post_ffn_norm, self.hparams.eps)
+        x = ops.add(x, f, out=x)
+        return x
+
+    def _attention_step(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV):
+        """(x, h) from a backend's attention_block_step (the CPU's, at decode), or None."""
+        step = getattr(ops, "attention_block_step", None)
+        if step is None:
+            return None
+        a = lw.attn
+        mats = (a.wqkv,) if a.wqkv is not None else ((a.wqk, a.wv) if a.wqk is not None else (a.wq, a.wk, a.wv))
+        return step(x, lw.attn_norm, mats, a.wo, lw.ffn_norm, kv, batch, lw.rope, self.hparams.eps, self.attn_scale,
+                    lw.window, self.attn_softcap, a.q_norm, a.k_norm, None if a.bq is None else (a.bq, a.bk, a.bv),
+                    a.bo, a.sinks, lw.post_attn_norm)
+
+    def _attention_block(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
+        """The general path: (x + the attention block's output, rms_norm of it by ffn_norm), x and
+        h cut to `rows` where given; h None when no row is wanted."""
         eps = self.hparams.eps
         h = ops.rms_norm(x, lw.attn_norm, eps)
         o = self._attention(ops, lw, h, batch, kv)  # [n, n_heads, head_dim]
@@ -296,20 +323,15 @@ class DecoderModel:
         if rows is not None:  # only these rows matter from here on (logits of the last layer)
             o, x = ops.take_rows(o, rows), ops.take_rows(x, rows)
             n = o.shape[0]
-            if n == 0:  # a pure prefill chunk: the KV is written, no logits are wanted
-                return x
+            if n == 0:
+                return x, None
         o = ops.matmul(lw.attn.wo, o.reshape(n, o.shape[1] * o.shape[2]))  # [n, n_embd]
         if lw.attn.bo is not None:
             o = ops.add(o, lw.attn.bo, out=o)
         if lw.post_attn_norm is not None:
             o = ops.rms_norm(o, lw.post_attn_norm, eps)
         x = ops.add(x, o, out=x)
-        h = ops.rms_norm(x, lw.ffn_norm, eps)
-        f = self._ffn(ops, lw.ffn, h) if lw.moe is None else moe_ffn(ops, lw.moe, h, self.ffn_act)
-        if lw.post_ffn_norm is not None:
-            f = ops.rms_norm(f, lw.post_ffn_norm, eps)
-        x = ops.add(x, f, out=x)
-        return x
+        return x, ops.rms_norm(x, lw.ffn_norm, eps)
 
     def _attention(self, ops, lw: LayerWeights, h, batch: Batch, kv: LayerKV):
         hp = self.hparams

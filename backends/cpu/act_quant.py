@@ -11,7 +11,7 @@ kernel fed this computes llama.cpp's integer dot exactly (only its float summati
 import numba as nb
 import numpy as np
 
-from edged.backends.cpu.kernel_threads import runs_serial
+from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS, runs_serial
 
 QK = 32  # activation block length
 
@@ -58,6 +58,21 @@ def quantize_row_q8_serial(x, xq, xd, xs):
     """quantize_rows_q8 in the calling thread: one row (decode) is ~1 us of work, less than
     waking the thread pool costs."""
     _q8_rows(x, xq, xd, xs)
+
+
+@nb.njit(cache=True, nogil=True)
+def quantized_q8(x):
+    """quantize_activations(x) for float32 C-contiguous [n, k] inside a compiled call: the same
+    kernels, picked by the same size rule (runs_serial), so the same bits."""
+    n, k = x.shape
+    xq = np.empty((n, k), np.int8)  # [n, k]
+    xd = np.empty((n, k // QK), np.float32)  # [n, k/32]
+    xs = np.empty((n, k // QK), np.int32)  # [n, k/32]
+    if x.size <= SERIAL_ELEMENTS:
+        quantize_row_q8_serial(x, xq, xd, xs)
+    else:
+        quantize_rows_q8(x, xq, xd, xs)
+    return xq, xd, xs
 
 
 QK_K = 256  # Q8_K superblock length

@@ -13,6 +13,7 @@ Public API
     for_matmul(w) -> QTensor               w in the layout the CPU backend runs on where its type has
                                            one: grouped rows (legacy_groups.py), row pairs (kquant_pairs.py)
     gemv_max_n(qtype) -> int               the largest n that matmul hands to the type's gemv
+    kquant_gemv_args(w, n) -> tuple | None the K-quant gemv's trailing arguments matmul would use
     set_tuned(choices) / tuned()           per-shape kernel knobs and gemv/gemm crossover chosen on
                                            this machine (tuning.py)
     matmul_knobs(w, x, knobs, kernel=)     matmul with the given knobs (the tuner's timing call)
@@ -233,6 +234,24 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
     else:
         kern(rows, x if x.flags.c_contiguous else np.ascontiguousarray(x), out, *args)
     return out
+
+
+def kquant_gemv_args(w: QTensor, n: int) -> tuple | None:
+    """The trailing arguments (kind, paired, tasks, prefetch, mode, threads) with which matmul(w,
+    x [n, k]) calls matmul_kquants.gemv_kquant, tuned knobs included; None where it would call
+    another kernel (another type, or n past the gemv's batch). A compiled call that runs the
+    gemv itself with these gives matmul's bits."""
+    if len(w.shape) != 2:
+        return None
+    plan = (_DISPATCH_GROUPED if w.grouped else _DISPATCH).get(w.qtype)
+    if plan is None or plan[0] is not matmul_kquants.gemv_kquant:
+        return None
+    m, k = w.shape
+    tuned = _TUNED.get((w.qtype, m, k, w.grouped)) if _TUNED else None
+    max_n = plan[4] if tuned is None else tuned[3]
+    if not 1 <= n <= max_n:
+        return None
+    return (plan[2] if tuned is None else tuned)[0 if n == 1 else 1]
 
 
 def matmuls(ws, x: np.ndarray) -> list:

@@ -13,7 +13,7 @@ import numba as nb
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from edged.backends.cpu.act_quant import quantize_row_q8_serial, quantize_rows_q8
+from edged.backends.cpu.act_quant import quantized_q8
 from edged.backends.cpu.activations import _silu_mul_rows, _silu_mul_rows_serial
 from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
 from edged.backends.cpu.matmul import gemv_max_n
@@ -25,20 +25,6 @@ from edged.backends.cpu.moe_route import GATING_CODES, _route_groups, bias_array
 from edged.quant.tensor import QTensor
 
 ACTIVATIONS = ("silu",)  # the gated activations this path computes (models/ffn.py names)
-
-
-@nb.njit(cache=True, nogil=True)
-def _quantized(x):
-    """quantize_activations(x) for float32 [n, k] inside a compiled call (the same kernels)."""
-    n, k = x.shape
-    xq = np.empty((n, k), np.int8)  # [n, k]
-    xd = np.empty((n, k // 32), np.float32)  # [n, k/32]
-    xs = np.empty((n, k // 32), np.int32)  # [n, k/32]
-    if x.size <= SERIAL_ELEMENTS:
-        quantize_row_q8_serial(x, xq, xd, xs)
-    else:
-        quantize_rows_q8(x, xq, xd, xs)
-    return xq, xd, xs
 
 
 @nb.njit(cache=True, nogil=True)
@@ -59,7 +45,7 @@ def _step(wg, wu, wd, pg, pu, pd, kind_gu, kind_d, h, tokens, experts, cuts, src
         for j in range(src.shape[1]):
             if src[t, j] < 0 or src[t, j] >= P:
                 return 5
-    xg, xa, xb = _prepare(*_quantized(h), tokens, kind_gu)
+    xg, xa, xb = _prepare(*quantized_q8(h), tokens, kind_gu)
     gate = np.empty((P, m_ff), np.float32)  # [P, n_ff_exp]
     up = np.empty((P, m_ff), np.float32)  # [P, n_ff_exp]
     _experts_gemv(wg, wu, 2, m_ff, xg, xa, xb, experts, cuts, small, gate, up, kind_gu, False, h.shape[1] // QK_K,
@@ -69,7 +55,7 @@ def _step(wg, wu, wd, pg, pu, pd, kind_gu, kind_d, h, tokens, experts, cuts, src
         _silu_mul_rows_serial(gate, 0, up, 0, act)
     else:
         _silu_mul_rows(gate, 0, up, 0, act)
-    ag, aa, ab = _prepare(*_quantized(act), np.arange(P).astype(np.int32), kind_d)
+    ag, aa, ab = _prepare(*quantized_q8(act), np.arange(P).astype(np.int32), kind_d)
     y = np.empty((P, d), np.float32)  # [P, n_embd], grouped pair order
     _experts_gemv(wd, wd, 1, d, ag, aa, ab, experts, cuts, small, y, y, kind_d, False, m_ff // QK_K, 0, pd, pd)
     if out.size <= SERIAL_ELEMENTS:

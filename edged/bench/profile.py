@@ -13,7 +13,7 @@ from collections import defaultdict
 
 # how ops are grouped in the report
 _OP_GROUP = {
-    "attention": "attention", "store_kv": "attention",
+    "attention": "attention", "store_kv": "attention", "attention_block_step": "attention block",
     "rms_norm": "norms/rope/act", "rope": "norms/rope/act", "gelu_tanh_mul": "norms/rope/act",
     "silu_mul": "norms/rope/act", "softcap": "norms/rope/act", "add": "norms/rope/act",
     "scale": "norms/rope/act", "embed": "embed", "rope_store_kv": "norms/rope/act",  # + the KV store

@@ -1,0 +1,177 @@
+"""attention_block_step: a decode step's whole attention block in one call, from the residual x to
+the FFN's input: h = rms_norm(x), q|k|v = h @ W (one quantization of h), q/k norms, RoPE and the
+KV store (rope_store_kv's kernel), paged attention, o = attn @ Wo, x += o, h = rms_norm(x).
+
+At decode the general path makes some ten op calls a layer, and their Python and dispatch cost
+about as much as the arithmetic of a small model's attention (docs/kernels.md, "The attention
+block in one call"). This runs each op's own compiled kernel, picked by the op's own size rule,
+in the op's order, so every bit is the general path's: batch invariance holds whichever path a
+batch takes. It takes K-quant projections within the gemv's batch (kquant_gemv_args); anything
+else returns None and the caller runs the general path.
+"""
+
+import numba as nb
+import numpy as np
+
+from edged.backends.base import Batch, LayerKV, RopeParams, check_sinks
+from edged.backends.cpu import kv_codec
+from edged.backends.cpu.act_quant import quantized_q8
+from edged.backends.cpu.attention import _CHUNK, _attention_chunks, _combine_chunks, _plan
+from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
+from edged.backends.cpu.matmul import kquant_gemv_args
+from edged.backends.cpu.matmul_kquants import gemv_kquant
+from edged.backends.cpu.norm_rope import _rms_norm_rows, _rms_norm_rows_serial
+from edged.backends.cpu.rope_store import _rope_store_serial, _step_cos_sin
+from edged.quant.tensor import QTensor
+
+_NONE = np.zeros(0, np.float32)  # an absent bias / norm / sinks vector
+
+# error codes of _block, raised as the ops they stand for raise them
+_ERRORS = {
+    1: "store_kv: slot out of range (cache holds {slots} slots)",
+    2: "attention: seq_starts {starts} do not partition {n} tokens over the {rows} block-table rows",
+    3: "attention: negative position",
+    4: "attention: a block table entry needed by a position is missing or out of range",
+}
+
+
+@nb.njit(cache=True, nogil=True)
+def _norm(x, w, eps, out):
+    """rms_norm's kernel for x, by its size rule (runs_serial)."""
+    if x.size <= SERIAL_ELEMENTS:
+        _rms_norm_rows_serial(x, w, eps, out)
+    else:
+        _rms_norm_rows(x, w, eps, out)
+
+
+@nb.njit(cache=True, nogil=True)
+def _gemv(w, a, xq, xd, xs, m):
+    """matmul's gemv of w's rows [m, row_bytes] with its arguments a (kquant_gemv_args) -> [n, m]."""
+    y = np.empty((xq.shape[0], m), np.float32)  # [n, m]
+    gemv_kquant(w, xq, xd, xs, y, a[0], a[1], a[2], a[3], a[4], a[5])
+    return y
+
+
+@nb.njit(cache=True, nogil=True)
+def _add_row(y, b):
+    """y [n, m] += b [m] (numpy's float32 add, as ops.add)."""
+    for t in range(y.shape[0]):
+        for i in range(y.shape[1]):
+            y[t, i] = y[t, i] + b[i]
+
+
+@nb.njit(cache=True, nogil=True)
+def _block(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, cs, n_dims, neox,
+           kc, vc, ks, vs, slots, block_tables, seq_starts, positions, window, scale, cap, sinks, wo, ao, bo,
+           post_norm, ffn_norm, h_out):
+    """x float32 [n, d] += the attention block's output (in place); h_out [n, d] = rms_norm(x,
+    ffn_norm). w0..w2: the rows of q|k|v's matrices in order (m_i output columns each, m_i = 0
+    for an unused slot); empty vectors stand for absent biases, norms and sinks. Returns 0 or an
+    _ERRORS code (x untouched; K/V may be stored, as the ops would have)."""
+    n, d = x.shape
+    kvh, hd = kc.shape[2], kc.shape[3]
+    h = np.empty((n, d), np.float32)  # [n, d]
+    _norm(x, attn_norm, eps, h)
+    xq, xd, xs = quantized_q8(h)
+    qkv = np.empty((n, m0 + m1 + m2), np.float32)  # [n, (nh + 2·kvh)·hd]
+    qkv[:, :m0] = _gemv(w0, a0, xq, xd, xs, m0)
+    if m1 > 0:
+        qkv[:, m0 : m0 + m1] = _gemv(w1, a1, xq, xd, xs, m1)
+    if m2 > 0:
+        qkv[:, m0 + m1 :] = _gemv(w2, a2, xq, xd, xs, m2)
+    q = np.ascontiguousarray(qkv[:, : nh * hd])  # [n, nh·hd]
+    k = np.ascontiguousarray(qkv[:, nh * hd : (nh + kvh) * hd])  # [n, kvh·hd]
+    v = np.ascontiguousarray(qkv[:, (nh + kvh) * hd :])  # [n, kvh·hd]
+    if bq.shape[0] > 0:
+        _add_row(q, bq)
+        _add_row(k, bk)
+        _add_row(v, bv)
+    qo = np.empty((n, nh, hd), np.float32)  # [n, nh, hd]
+    ko = np.empty((n, kvh, hd), np.float32)  # [n, kvh, hd]
+    if _rope_store_serial(q.reshape(n, nh, hd), k.reshape(n, kvh, hd), v.reshape(n, kvh, hd), q_norm, k_norm, eps,
+                          cs, n_dims, neox, kc, vc, ks, vs, slots, qo, ko):
+        return 1
+    chunk, n_chunks = _plan(positions, seq_starts, block_tables.shape[0], window, _CHUNK)
+    if chunk < 0:
+        return 2 if chunk == -1 else 3
+    direct = n_chunks == 1 and sinks.shape[0] == 0
+    att = np.empty((n, nh, hd), np.float32)  # [n, nh, hd]
+    nc = 1 if direct else n_chunks
+    part_m = np.empty((n, nh, nc), np.float32)  # [n, nh, chunks]
+    part_l = np.empty((n, nh, nc), np.float32)  # [n, nh, chunks]
+    part_acc = np.empty((1, 1, 1, 1) if direct else (n, nh, nc, hd), np.float32)  # [n, nh, chunks, hd]
+    err = np.zeros(1, np.int32)
+    _attention_chunks(qo, kc, vc, ks, vs, block_tables, seq_starts, positions, window, chunk, n_chunks, direct, scale,
+                      cap, att, part_m, part_l, part_acc, err)
+    if err[0]:
+        return 4
+    if not direct:
+        _combine_chunks(part_m, part_l, part_acc, sinks, att)
+    aq, ad, as_ = quantized_q8(att.reshape(n, nh * hd))
+    o = _gemv(wo, ao, aq, ad, as_, d)  # [n, d]
+    if bo.shape[0] > 0:
+        _add_row(o, bo)
+    if post_norm.shape[0] > 0:
+        on = np.empty((n, d), np.float32)  # [n, d]
+        _norm(o, post_norm, eps, on)
+        o = on
+    for t in range(n):
+        for i in range(d):
+            x[t, i] = x[t, i] + o[t, i]
+    _norm(x, ffn_norm, eps, h_out)
+    return 0
+
+
+def _vec(a) -> np.ndarray:
+    return _NONE if a is None else np.ascontiguousarray(a, dtype=np.float32)
+
+
+def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: QTensor, ffn_norm: np.ndarray,
+                         kv: LayerKV, batch: Batch, rope: RopeParams, eps: float, scale: float, window: int = 0,
+                         softcap: float = 0.0, q_norm=None, k_norm=None, bqkv=None, bo=None, sinks=None,
+                         post_norm=None):
+    """The attention block of the residual x float32 [n, d] at decode: x += o (in place) and
+    returns (x, rms_norm(x, ffn_norm)), where o is what rms_norm, matmuls over `mats` (1 to 3
+    QTensors whose outputs side by side are q|k|v), the biases bqkv = (bq, bk, bv) where given,
+    rope_store_kv (q_norm / k_norm, rope; k and v stored in kv at batch.slot_mapping),
+    attention (scale, window, softcap, sinks), matmul by wo (+ bo) and the optional post_norm
+    give, bit for bit. None where it does not apply (a projection that is not a K-quant within
+    its gemv's batch, an input that is not C-contiguous float32, more than rope_store_kv's serial
+    work): the caller runs those ops instead."""
+    n = x.shape[0] if x.ndim == 2 else 0
+    if n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or not 1 <= len(mats) <= 3:
+        return None
+    args = [kquant_gemv_args(w, n) for w in (*mats, wo)]
+    if any(a is None for a in args):
+        return None
+    _, bs, kvh, hd = kv.k.shape
+    cols = [w.shape[0] for w in mats]
+    nh = sum(cols) // hd - 2 * kvh
+    d = x.shape[1]
+    if (nh < kvh or nh % kvh or sum(cols) != (nh + 2 * kvh) * hd or any(w.shape[1] != d for w in mats)
+            or wo.shape != (d, nh * hd) or n * nh * hd > SERIAL_ELEMENTS or batch.block_size != bs):
+        return None  # the general path names what does not fit, or runs a larger batch
+    positions = np.ascontiguousarray(batch.positions, dtype=np.int32)
+    slots = np.ascontiguousarray(batch.slot_mapping, dtype=np.int32)
+    block_tables = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
+    if positions.shape != (n,) or slots.shape != (n,) or block_tables.ndim != 2:
+        return None
+    if (q_norm is None) != (k_norm is None):
+        return None
+    seq_starts = np.ascontiguousarray(batch.seq_starts, dtype=np.int32)
+    rows = [w.rows() for w in mats] + [mats[0].rows()] * (3 - len(mats))
+    cols += [0] * (3 - len(mats))
+    args += [args[0]] * (3 - len(mats))
+    bq, bk, bv = (None, None, None) if bqkv is None else bqkv
+    cs, n_dims, neox = _step_cos_sin(rope, positions, hd)
+    h = np.empty_like(x)  # [n, d]
+    kc, vc, ks, vs = kv_codec.kernel_arrays(kv)
+    err = _block(x, _vec(attn_norm), np.float32(eps), rows[0], args[0], cols[0], rows[1], args[1], cols[1], rows[2],
+                 args[2], cols[2], nh, _vec(bq), _vec(bk), _vec(bv), _vec(q_norm), _vec(k_norm), cs, n_dims, neox,
+                 kc, vc, ks, vs, slots, block_tables, seq_starts, positions, int(window), np.float32(scale),
+                 np.float32(softcap), check_sinks(sinks, nh), wo.rows(), args[3], _vec(bo), _vec(post_norm),
+                 _vec(ffn_norm), h)
+    if err:
+        raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=seq_starts, n=n,
+                                             rows=block_tables.shape[0]))
+    return x, h

@@ -1,0 +1,178 @@
+"""cpu.attention_block_step (a decode step's attention block in one call) against the ops it stands
+for, one after another, bit for bit: fused q|k|v, q|k beside v and separate projections; every KV
+type; q/k norms, biases, sinks, a window, a soft-cap and a post-attention norm; one token, and
+tokens of several sequences (one with more keys than an attention chunk). None where it does not
+apply, with nothing written; bad slots and block tables raise as the ops raise.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import edged.backends.cpu as cpu
+from edged.backends.base import KV_TYPES, Batch, RopeParams
+from edged.quant.tensor import QTensor
+from tests.helpers.qdata import random_qtensor
+
+D, NH, KVH, HD, BS, BLOCKS = 256, 4, 2, 64, 16, 64
+EPS, SCALE = 1e-6, 0.125
+ROPE = RopeParams(dim=64, freq_base=10000.0, neox=True)
+
+
+def _mats(layout: str):
+    """(q|k|v matrices, wo) as the CPU backend holds them (row pairs where it copies)."""
+    q, k, v = (random_qtensor(t, r, D, seed=s, name=n) for t, r, s, n in
+               ((T.Q4_K, NH * HD, 1, "q"), (T.Q4_K if layout != "q_k_v" else T.Q5_K, KVH * HD, 2, "k"),
+                (T.Q6_K if layout != "qkv" else T.Q4_K, KVH * HD, 3, "v")))
+    cat = lambda ws, name: QTensor(name, ws[0].qtype, (sum(w.shape[0] for w in ws), D),  # noqa: E731
+                                   np.concatenate([w.rows().reshape(-1) for w in ws]))
+    if layout == "qkv":
+        mats = (cat((q, k, v), "qkv"),)
+    elif layout == "qk_v":
+        mats = (cat((q, k), "qk"), v)
+    else:
+        mats = (q, k, v)  # GGUF's own rows (no pair copy)
+    wo = random_qtensor(T.Q4_K if layout != "q_k_v" else T.IQ4_XS, D, NH * HD, seed=4, name="wo")
+    up = (lambda w: w) if layout == "q_k_v" else cpu.upload_matrix
+    return tuple(up(w) for w in mats), up(wo)
+
+
+def _batch(positions):
+    """One token of each of len(positions) sequences, sequence s at positions[s] (its keys before
+    it already stored), each in its own run of blocks."""
+    n = len(positions)
+    per = BLOCKS // n
+    tables = np.arange(n * per, dtype=np.int32).reshape(n, per)
+    pos = np.asarray(positions, np.int32)
+    slots = np.array([tables[s, p // BS] * BS + p % BS for s, p in enumerate(pos)], np.int32)
+    return Batch(token_ids=np.zeros(n, np.int32), positions=pos, seq_starts=np.arange(n + 1, dtype=np.int32),
+                 seq_lens=pos + 1, block_tables=tables, slot_mapping=slots, logits_indices=np.arange(n, dtype=np.int32),
+                 block_size=BS)
+
+
+def _filled_kv(kv_type, seed):
+    kv = cpu.allocate_kv(BLOCKS, BS, KVH, HD, kv_type)
+    rng = np.random.default_rng(seed)
+    k, v = (rng.standard_normal((BLOCKS * BS, KVH, HD)).astype(np.float32) for _ in range(2))
+    cpu.store_kv(kv, k, v, np.arange(BLOCKS * BS, dtype=np.int32))
+    return kv
+
+
+def _vectors(seed, extras):
+    rng = np.random.default_rng(seed)
+    vec = lambda m, lo=0.5, hi=1.5: rng.uniform(lo, hi, m).astype(np.float32)  # noqa: E731
+    o = dict(attn_norm=vec(D), ffn_norm=vec(D), q_norm=None, k_norm=None, bqkv=None, bo=None, sinks=None,
+             post_norm=None, window=0, softcap=0.0)
+    if "norms" in extras:
+        o.update(q_norm=vec(HD), k_norm=vec(HD))
+    if "biases" in extras:
+        o.update(bqkv=(vec(NH * HD, -1, 1), vec(KVH * HD, -1, 1), vec(KVH * HD, -1, 1)), bo=vec(D, -1, 1))
+    if "sinks" in extras:
+        o.update(sinks=vec(NH, -2, 2))
+    if "window" in extras:
+        o.update(window=40, softcap=3.0)
+    if "post_norm" in extras:
+        o.update(post_norm=vec(D))
+    return o
+
+
+def _ops(x, mats, wo, kv, batch, o):
+    """The general path: what models/decoder.py runs without the step."""
+    n = x.shape[0]
+    h = cpu.rms_norm(x, o["attn_norm"], EPS)
+    qkv = np.concatenate(cpu.matmuls(mats, h), axis=1)
+    q, k, v = qkv[:, : NH * HD], qkv[:, NH * HD : (NH + KVH) * HD], qkv[:, (NH + KVH) * HD :]
+    if o["bqkv"] is not None:
+        q, k, v = (cpu.add(a, b) for a, b in zip((q, k, v), o["bqkv"]))
+    q = cpu.rope_store_kv(q.reshape(n, NH, HD), k.reshape(n, KVH, HD), v.reshape(n, KVH, HD), kv, batch.positions,
+                          batch.slot_mapping, ROPE, EPS, o["q_norm"], o["k_norm"])
+    a = cpu.attention(q, kv, batch, SCALE, o["window"], o["softcap"], sinks=o["sinks"])
+    y = cpu.matmul(wo, a.reshape(n, NH * HD))
+    if o["bo"] is not None:
+        y = cpu.add(y, o["bo"], out=y)
+    if o["post_norm"] is not None:
+        y = cpu.rms_norm(y, o["post_norm"], EPS)
+    x = cpu.add(x, y, out=x)
+    return x, cpu.rms_norm(x, o["ffn_norm"], EPS)
+
+
+def _step(x, mats, wo, kv, batch, o):
+    return cpu.attention_block_step(x, o["attn_norm"], mats, wo, o["ffn_norm"], kv, batch, ROPE, EPS, SCALE,
+                                    o["window"], o["softcap"], o["q_norm"], o["k_norm"], o["bqkv"], o["bo"],
+                                    o["sinks"], o["post_norm"])
+
+
+def _same_bits(layout, kv_type, positions, extras, seed=0):
+    mats, wo = _mats(layout)
+    o = _vectors(seed, extras)
+    batch = _batch(positions)
+    x = np.random.default_rng(seed + 1).standard_normal((len(positions), D)).astype(np.float32)
+    kv_step, kv_ops = _filled_kv(kv_type, seed), _filled_kv(kv_type, seed)
+    got = _step(x.copy(), mats, wo, kv_step, batch, o)
+    assert got is not None
+    want = _ops(x.copy(), mats, wo, kv_ops, batch, o)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert not np.array_equal(got[0], x)  # the residual moved
+    for a, b in ((kv_step.k, kv_ops.k), (kv_step.v, kv_ops.v), (kv_step.k_scale, kv_ops.k_scale)):
+        if a is not None:
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["qkv", "qk_v", "q_k_v"])
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("positions", [[37], [300, 5, 70]])  # 300: two attention chunks
+def test_same_bits_as_the_ops(layout, kv_type, positions):
+    _same_bits(layout, kv_type, positions, ("norms",))
+
+
+@pytest.mark.parametrize("extras", [(), ("biases",), ("sinks",), ("window",), ("post_norm", "norms"),
+                                    ("biases", "sinks", "window", "post_norm")])
+def test_same_bits_with_each_option(extras):
+    _same_bits("qk_v", "f16", [300, 9], extras, seed=3)
+
+
+def test_a_token_alone_gets_its_bits_from_a_batch():
+    mats, wo = _mats("qk_v")
+    o = _vectors(5, ("norms",))
+    positions = [300, 5, 70]
+    x = np.random.default_rng(6).standard_normal((3, D)).astype(np.float32)
+    _, together = _step(x.copy(), mats, wo, _filled_kv("f16", 1), _batch(positions), o)
+    for s, p in enumerate(positions):
+        b = _batch(positions)  # the same blocks, one sequence's row alone
+        alone = Batch(token_ids=b.token_ids[s : s + 1], positions=b.positions[s : s + 1],
+                      seq_starts=np.array([0, 1], np.int32), seq_lens=b.seq_lens[s : s + 1],
+                      block_tables=b.block_tables[s : s + 1], slot_mapping=b.slot_mapping[s : s + 1],
+                      logits_indices=np.zeros(1, np.int32), block_size=BS)
+        _, h = _step(x[s : s + 1].copy(), mats, wo, _filled_kv("f16", 1), alone, o)
+        assert np.array_equal(h[0], together[s]), s
+
+
+def test_none_where_it_does_not_apply_and_nothing_is_written():
+    mats, wo = _mats("qk_v")
+    o = _vectors(0, ())
+    legacy = cpu.upload_matrix(random_qtensor(T.Q8_0, KVH * HD, D, seed=9, name="v8"))
+    for args in [((mats[0], legacy), wo, [7]),  # a projection of another kernel family
+                 (mats, cpu.upload_matrix(random_qtensor(T.Q8_0, D, NH * HD, seed=8, name="wo8")), [7]),
+                 (mats, wo, [7, 8, 9, 10, 11, 12])]:  # past the gemv's batch
+        kv = _filled_kv("f16", 0)
+        before = kv.k.copy()
+        x = np.ones((len(args[2]), D), np.float32)
+        assert _step(x, args[0], args[1], kv, _batch(args[2]), o) is None
+        assert np.array_equal(kv.k, before) and np.all(x == 1)
+    x = np.ones((1, 2 * D), np.float32)[:, ::2]  # not C-contiguous
+    assert _step(x, mats, wo, _filled_kv("f16", 0), _batch([7]), o) is None
+
+
+def test_bad_slot_and_block_table_raise_as_the_ops_do():
+    mats, wo = _mats("qk_v")
+    o = _vectors(0, ())
+    x = np.ones((1, D), np.float32)
+    b = _batch([7])
+    b.slot_mapping[0] = BLOCKS * BS + 3
+    with pytest.raises(ValueError, match="slot out of range"):
+        _step(x, mats, wo, _filled_kv("f16", 0), b, o)
+    b = _batch([40])
+    b.block_tables[0, 1] = -1  # position 40's keys 16-31 have no block
+    with pytest.raises(ValueError, match="block table entry"):
+        _step(x, mats, wo, _filled_kv("f16", 0), b, o)
+    assert np.all(x == 1)  # the residual is untouched on an error
