@@ -141,9 +141,13 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     n = x.shape[0] if x.ndim == 2 else 0
     if n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or not 1 <= len(mats) <= 3:
         return None
-    args = [kquant_gemv_args(w, n) for w in (*mats, wo)]
-    if any(a is None for a in args):
-        return None
+    args = []
+    for w in (wo, *mats):  # wo first: a layer of other types is refused at its first lookup
+        a = kquant_gemv_args(w, n)
+        if a is None:
+            return None
+        args.append(a)
+    args = args[1:] + args[:1]  # q|k|v's, then wo's
     _, bs, kvh, hd = kv.k.shape
     cols = [w.shape[0] for w in mats]
     nh = sum(cols) // hd - 2 * kvh
