@@ -29,7 +29,7 @@ from edged.backends.base import Batch, LayerKV, RopeParams, check_kv_type, kv_ro
 from edged.models.errors import ModelError
 from edged.models.ffn import GATED_ACTIVATIONS, gated_ffn, matmuls
 from edged.models.hparams import HParams
-from edged.models.moe import MoEWeights, missing_ops as moe_missing_ops, moe_ffn
+from edged.models.moe import MoEWeights, block_step_args, missing_ops as moe_missing_ops, moe_ffn
 from edged.quant.tensor import QTensor
 
 
@@ -296,6 +296,8 @@ class DecoderModel:
                 return x
         else:
             x, h = step
+            if h is None:  # the backend ran the MoE block and its residual add in the same call
+                return x
         f = self._ffn(ops, lw.ffn, h) if lw.moe is None else moe_ffn(ops, lw.moe, h, self.ffn_act)
         if lw.post_ffn_norm is not None:
             f = ops.rms_norm(f, lw.post_ffn_norm, self.hparams.eps)
@@ -303,7 +305,8 @@ class DecoderModel:
         return x
 
     def _attention_step(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV):
-        """(x, h) from a backend's attention_block_step (the CPU's, at decode), or None."""
+        """(x, h) from a backend's attention_block_step (the CPU's, at decode), or None; (x, None)
+        where it ran the layer's MoE block too."""
         step = getattr(ops, "attention_block_step", None)
         if step is None:
             return None
@@ -311,7 +314,8 @@ class DecoderModel:
         mats = (a.wqkv,) if a.wqkv is not None else ((a.wqk, a.wv) if a.wqk is not None else (a.wq, a.wk, a.wv))
         return step(x, lw.attn_norm, mats, a.wo, lw.ffn_norm, kv, batch, lw.rope, self.hparams.eps, self.attn_scale,
                     lw.window, self.attn_softcap, a.q_norm, a.k_norm, None if a.bq is None else (a.bq, a.bk, a.bv),
-                    a.bo, a.sinks, lw.post_attn_norm)
+                    a.bo, a.sinks, lw.post_attn_norm,
+                    block_step_args(lw.moe, self.ffn_act) if lw.moe is not None and lw.post_ffn_norm is None else None)
 
     def _attention_block(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
         """The general path: (x + the attention block's output, rms_norm of it by ffn_norm), x and

@@ -169,6 +169,15 @@ def _steps_fused(mw: MoEWeights) -> bool:
             and not _has_biases(mw))
 
 
+def block_step_args(mw: MoEWeights, act: str) -> tuple | None:
+    """A backend's moe_block_step arguments but h (router, k, gating, norm_topk, scale, gate_b,
+    probs_b, gate, up, down, act), or None where this layer may not take it (_steps_fused)."""
+    if not _steps_fused(mw):
+        return None
+    return (mw.gate_inp, mw.n_expert_used, mw.gating, mw.norm_topk, mw.weights_scale, mw.gate_inp_b, mw.exp_probs_b,
+            mw.gate_exps, mw.up_exps, mw.down_exps, act)
+
+
 def moe_ffn(ops, mw: MoEWeights, h, act: str):
     """The MoE block of h [n, n_embd] (the ffn-normed hidden states) -> [n, n_embd]; `act` names
     a models/ffn.py GATED_ACTIVATIONS entry."""
@@ -176,10 +185,10 @@ def moe_ffn(ops, mw: MoEWeights, h, act: str):
     if n == 0:
         return h
     act_fn = GATED_ACTIVATIONS[act]
-    fused = _steps_fused(mw)
+    step = block_step_args(mw, act)
+    fused = step is not None
     if fused and hasattr(ops, "moe_block_step"):  # a decode step's whole routed block in one call (CPU)
-        out = ops.moe_block_step(mw.gate_inp, mw.n_expert_used, mw.gating, mw.norm_topk, mw.weights_scale,
-                                 mw.gate_inp_b, mw.exp_probs_b, mw.gate_exps, mw.up_exps, mw.down_exps, h, act)
+        out = ops.moe_block_step(*step[:10], h, act)
         if out is not None:
             return out
     logits = ops.to_host(ops.matmul(mw.gate_inp, h))  # float32 [n, n_expert]

@@ -20,6 +20,7 @@ from edged.backends.cpu.attention import _CHUNK, _attention_chunks, _combine_chu
 from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
 from edged.backends.cpu.matmul import kquant_gemv_args
 from edged.backends.cpu.matmul_kquants import gemv_kquant
+from edged.backends.cpu.moe_step import _block as moe_block, block_args as moe_block_args
 from edged.backends.cpu.norm_rope import _rms_norm_rows, _rms_norm_rows_serial
 from edged.backends.cpu.rope_store import _rope_store_serial, _step_cos_sin
 from edged.quant.tensor import QTensor
@@ -122,6 +123,29 @@ def _block(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv
     return 0
 
 
+@nb.njit(cache=True, nogil=True)
+def _block_moe(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, cs, n_dims,
+               neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, window, scale, cap, sinks, wo, ao, bo,
+               post_norm, ffn_norm, h, router, k_used, gating, norm_topk, mscale, gate_b, probs_b, wg, wu, wd, pg, pu,
+               pd, kind_gu, kind_d, n_expert, max_n):
+    """_block, then moe_step's _block of its h and the residual add: a MoE layer's decode step
+    whole. Returns _block's codes, or 10 + the MoE block's."""
+    err = _block(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, cs, n_dims,
+                 neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, window, scale, cap, sinks, wo, ao,
+                 bo, post_norm, ffn_norm, h)
+    if err:
+        return err
+    f = np.empty_like(x)  # [n, d]
+    err = moe_block(router, k_used, gating, norm_topk, mscale, gate_b, probs_b, wg, wu, wd, pg, pu, pd, kind_gu,
+                    kind_d, h, n_expert, max_n, f)
+    if err:
+        return 10 + err
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] = x[t, i] + f[t, i]
+    return 0
+
+
 def _vec(a) -> np.ndarray:
     return _NONE if a is None else np.ascontiguousarray(a, dtype=np.float32)
 
@@ -129,7 +153,7 @@ def _vec(a) -> np.ndarray:
 def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: QTensor, ffn_norm: np.ndarray,
                          kv: LayerKV, batch: Batch, rope: RopeParams, eps: float, scale: float, window: int = 0,
                          softcap: float = 0.0, q_norm=None, k_norm=None, bqkv=None, bo=None, sinks=None,
-                         post_norm=None):
+                         post_norm=None, moe=None):
     """The attention block of the residual x float32 [n, d] at decode: x += o (in place) and
     returns (x, rms_norm(x, ffn_norm)), where o is what rms_norm, matmuls over `mats` (1 to 3
     QTensors whose outputs side by side are q|k|v), the biases bqkv = (bq, bk, bv) where given,
@@ -137,7 +161,11 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     attention (scale, window, softcap, sinks), matmul by wo (+ bo) and the optional post_norm
     give, bit for bit. None where it does not apply (a projection that is not a K-quant within
     its gemv's batch, an input that is not C-contiguous float32, more than rope_store_kv's serial
-    work): the caller runs those ops instead."""
+    work): the caller runs those ops instead.
+
+    moe, where given, is moe_block_step's arguments but h (router, k, gating, norm_topk, scale,
+    gate_b, probs_b, gate, up, down, act): where that op applies too, the same call also adds its
+    output for h to x, and returns (x, None): the whole layer."""
     n = x.shape[0] if x.ndim == 2 else 0
     if n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or not 1 <= len(mats) <= 3:
         return None
@@ -170,12 +198,16 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     cs, n_dims, neox = _step_cos_sin(rope, positions, hd)
     h = np.empty_like(x)  # [n, d]
     kc, vc, ks, vs = kv_codec.kernel_arrays(kv)
-    err = _block(x, _vec(attn_norm), np.float32(eps), rows[0], args[0], cols[0], rows[1], args[1], cols[1], rows[2],
-                 args[2], cols[2], nh, _vec(bq), _vec(bk), _vec(bv), _vec(q_norm), _vec(k_norm), cs, n_dims, neox,
-                 kc, vc, ks, vs, slots, block_tables, seq_starts, positions, int(window), np.float32(scale),
-                 np.float32(softcap), check_sinks(sinks, nh), wo.rows(), args[3], _vec(bo), _vec(post_norm),
-                 _vec(ffn_norm), h)
+    attn = (x, _vec(attn_norm), np.float32(eps), rows[0], args[0], cols[0], rows[1], args[1], cols[1], rows[2],
+            args[2], cols[2], nh, _vec(bq), _vec(bk), _vec(bv), _vec(q_norm), _vec(k_norm), cs, n_dims, neox,
+            kc, vc, ks, vs, slots, block_tables, seq_starts, positions, int(window), np.float32(scale),
+            np.float32(softcap), check_sinks(sinks, nh), wo.rows(), args[3], _vec(bo), _vec(post_norm),
+            _vec(ffn_norm), h)
+    margs = None if moe is None else moe_block_args(*moe[:10], x, moe[10])
+    err = _block(*attn) if margs is None else _block_moe(*attn, *margs[0], *margs[1])
+    if err > 10:  # cannot happen: n <= max_n makes every group small, and the routing forms them well
+        raise RuntimeError(f"attention_block_step: the routing's groups were refused (code {err - 10})")
     if err:
         raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=seq_starts, n=n,
                                              rows=block_tables.shape[0]))
-    return x, h
+    return x, (h if margs is None else None)

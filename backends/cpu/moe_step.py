@@ -98,17 +98,15 @@ def _max_n(gate, down) -> int:
     return min(gemv_max_n(gate.qtype), gemv_max_n(down.qtype))
 
 
-def moe_block_step(router: QTensor, k: int, gating: str, norm_topk: bool, scale: float, gate_b, probs_b,
-                   gate: QTensor, up: QTensor, down: QTensor, h: np.ndarray, act: str) -> np.ndarray | None:
-    """The routed block of h [n, n_embd] -> float32 [n, n_embd]: router logits h @ router.T (an F32
-    router [n_expert, n_embd], through matmul's kernel), moe_route's gating (k experts a token;
-    gate_b, probs_b float32 [n_expert] or None) and moe_ffn_step's experts and sum, in one call.
-    None for more tokens than the gemv's batch, another router type, or experts moe_ffn_step does
-    not take: the caller runs the general path, which gives the same bits."""
+def block_args(router: QTensor, k: int, gating: str, norm_topk: bool, scale: float, gate_b, probs_b,
+               gate: QTensor, up: QTensor, down: QTensor, x: np.ndarray, act: str):
+    """(before h, after h): _block's arguments around h for the float32 batch x [n, n_embd] (h's
+    shape), or None where moe_block_step does not apply (see there); ValueError for shapes that
+    do not fit."""
     if not (isinstance(router, QTensor) and router.qtype == T.F32 and not router.grouped
             and _experts_fit(gate, up, down, act)):
         return None
-    x = _checked(gate, up, down, h)
+    _checked(gate, up, down, x)
     n_expert = gate.shape[0]
     max_n = _max_n(gate, down)
     if x.shape[0] > max_n:
@@ -116,10 +114,24 @@ def moe_block_step(router: QTensor, k: int, gating: str, norm_topk: bool, scale:
     if router.shape != (n_expert, x.shape[1]) or not 1 <= k <= n_expert:
         raise ValueError(f"moe_block_step: router {router.shape} and k = {k} do not fit {n_expert} experts "
                          f"and n_embd {x.shape[1]}")
+    return ((router.rows(), int(k), GATING_CODES[gating], bool(norm_topk), np.float32(scale), bias_array(gate_b),
+             bias_array(probs_b), gate.rows(), up.rows(), down.rows(), gate.grouped, up.grouped, down.grouped,
+             kind_of(gate), kind_of(down)), (n_expert, max_n))
+
+
+def moe_block_step(router: QTensor, k: int, gating: str, norm_topk: bool, scale: float, gate_b, probs_b,
+                   gate: QTensor, up: QTensor, down: QTensor, h: np.ndarray, act: str) -> np.ndarray | None:
+    """The routed block of h [n, n_embd] -> float32 [n, n_embd]: router logits h @ router.T (an F32
+    router [n_expert, n_embd], through matmul's kernel), moe_route's gating (k experts a token;
+    gate_b, probs_b float32 [n_expert] or None) and moe_ffn_step's experts and sum, in one call.
+    None for more tokens than the gemv's batch, another router type, or experts moe_ffn_step does
+    not take: the caller runs the general path, which gives the same bits."""
+    x = np.ascontiguousarray(h, dtype=np.float32)
+    args = block_args(router, k, gating, norm_topk, scale, gate_b, probs_b, gate, up, down, x, act)
+    if args is None:
+        return None
     out = np.empty(x.shape, np.float32)  # [n, n_embd]
-    err = _block(router.rows(), int(k), GATING_CODES[gating], bool(norm_topk), np.float32(scale),
-                 bias_array(gate_b), bias_array(probs_b), gate.rows(), up.rows(), down.rows(), gate.grouped,
-                 up.grouped, down.grouped, kind_of(gate), kind_of(down), x, n_expert, max_n, out)
+    err = _block(*args[0], x, *args[1], out)
     if err:  # cannot happen: n <= max_n makes every group small, and the routing forms them well
         raise RuntimeError(f"moe_block_step: the routing's groups were refused (code {err})")
     return out

@@ -176,3 +176,32 @@ def test_bad_slot_and_block_table_raise_as_the_ops_do():
     with pytest.raises(ValueError, match="block table entry"):
         _step(x, mats, wo, _filled_kv("f16", 0), b, o)
     assert np.all(x == 1)  # the residual is untouched on an error
+
+
+@pytest.mark.parametrize("positions", [[37], [300, 5]])
+def test_a_moe_layer_whole_in_one_call(positions):
+    """With moe_block_step's arguments the step also runs the routed block on its h and adds it
+    to x: the bits of the attention ops, moe_block_step and add one after another."""
+    from edged.backends.cpu.kquant_pairs import paired
+
+    mats, wo = _mats("qk_v")
+    o = _vectors(2, ("norms",))
+    E, FF = 8, 256
+    stack = lambda qt, m, k, s, name: paired(QTensor(name, qt, (E, m, k), random_qtensor(qt, E * m, k, seed=s).data))  # noqa: E731
+    router = random_qtensor(T.F32, E, D, seed=11, name="router")
+    moe = (router, 2, "softmax", True, 1.0, None, None, stack(T.Q4_K, FF, D, 12, "g"), stack(T.Q4_K, FF, D, 13, "u"),
+           stack(T.Q6_K, D, FF, 14, "d"), "silu")
+    batch = _batch(positions)
+    x = np.random.default_rng(3).standard_normal((len(positions), D)).astype(np.float32)
+    kv_step, kv_ops = _filled_kv("f16", 2), _filled_kv("f16", 2)
+    got = cpu.attention_block_step(x.copy(), o["attn_norm"], mats, wo, o["ffn_norm"], kv_step, batch, ROPE, EPS, SCALE,
+                                   0, 0.0, o["q_norm"], o["k_norm"], moe=moe)
+    assert got is not None and got[1] is None
+    xw, h = _ops(x.copy(), mats, wo, kv_ops, batch, o)
+    want = cpu.add(xw, cpu.moe_block_step(*moe[:10], h, "silu"), out=xw)
+    assert np.array_equal(got[0], want)
+    assert np.array_equal(kv_step.k, kv_ops.k)
+    not_silu = (*moe[:10], "gelu_tanh")  # a block moe_block_step does not take: the attention block alone
+    alone = cpu.attention_block_step(x.copy(), o["attn_norm"], mats, wo, o["ffn_norm"], kv_step, batch, ROPE, EPS,
+                                     SCALE, 0, 0.0, o["q_norm"], o["k_norm"], moe=not_silu)
+    assert alone[1] is not None and np.array_equal(alone[1], h)
