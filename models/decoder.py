@@ -140,6 +140,8 @@ class DecoderModel:
         self.output_ops = output_ops
         self._run_layers = [_placed(ops, _fused(ops, lw, self.host_ops), self.host_ops)
                             for ops, lw in zip(self.layer_ops, self.layers)]
+        # each layer's arguments to a backend's attention_block_step: the same objects every step
+        self._step_args = [self._attention_step_args(lw) for lw in self._run_layers]
         self._run_output = _placed(output_ops, self.output, self.host_ops)
         self._run_output_norm = _placed(output_ops, self.output_norm, self.host_ops)
 
@@ -261,7 +263,8 @@ class DecoderModel:
             if views is None:
                 b = ops.prepare_batch(batch)
                 views = prepared[id(ops)] = (b, b.window_view())  # global, sliding-window layers
-            x = self._layer(ops, layer, x, views[layer.window > 0], kv[i], rows if i == last else None)
+            x = self._layer(ops, layer, x, views[layer.window > 0], kv[i], rows if i == last else None,
+                            self._step_args[i])
         ops, x = self._move(ops, self.output_ops, x)
         hidden = None
         if want_hidden:  # x holds the `keep` rows, sorted: pick the hidden ones, then the logits'
@@ -288,8 +291,9 @@ class DecoderModel:
         return dst, dst.upload(src.to_host(x))
 
     # --- one block -------------------------------------------------------------------------------
-    def _layer(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
-        step = None if rows is not None else self._attention_step(ops, lw, x, batch, kv)
+    def _layer(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows, step_args):
+        step_fn = getattr(ops, "attention_block_step", None) if rows is None else None
+        step = None if step_fn is None else step_fn(x, *step_args[:4], kv, batch, *step_args[4:])
         if step is None:
             x, h = self._attention_block(ops, lw, x, batch, kv, rows)
             if h is None:  # a pure prefill chunk: the KV is written, no logits are wanted
@@ -304,18 +308,15 @@ class DecoderModel:
         x = ops.add(x, f, out=x)
         return x
 
-    def _attention_step(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV):
-        """(x, h) from a backend's attention_block_step (the CPU's, at decode), or None; (x, None)
-        where it ran the layer's MoE block too."""
-        step = getattr(ops, "attention_block_step", None)
-        if step is None:
-            return None
+    def _attention_step_args(self, lw: LayerWeights) -> tuple:
+        """Layer lw's arguments to a backend's attention_block_step but x, kv and batch (which go
+        after the first four), with its MoE block's where the call may run it too."""
         a = lw.attn
         mats = (a.wqkv,) if a.wqkv is not None else ((a.wqk, a.wv) if a.wqk is not None else (a.wq, a.wk, a.wv))
-        return step(x, lw.attn_norm, mats, a.wo, lw.ffn_norm, kv, batch, lw.rope, self.hparams.eps, self.attn_scale,
-                    lw.window, self.attn_softcap, a.q_norm, a.k_norm, None if a.bq is None else (a.bq, a.bk, a.bv),
-                    a.bo, a.sinks, lw.post_attn_norm,
-                    block_step_args(lw.moe, self.ffn_act) if lw.moe is not None and lw.post_ffn_norm is None else None)
+        moe = block_step_args(lw.moe, self.ffn_act) if lw.moe is not None and lw.post_ffn_norm is None else None
+        return (lw.attn_norm, mats, a.wo, lw.ffn_norm, lw.rope, self.hparams.eps, self.attn_scale, lw.window,
+                self.attn_softcap, a.q_norm, a.k_norm, None if a.bq is None else (a.bq, a.bk, a.bv), a.bo, a.sinks,
+                lw.post_attn_norm, moe)
 
     def _attention_block(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
         """The general path: (x + the attention block's output, rms_norm of it by ffn_norm), x and

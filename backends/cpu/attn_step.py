@@ -18,7 +18,7 @@ from edged.backends.cpu import kv_codec
 from edged.backends.cpu.act_quant import quantized_q8
 from edged.backends.cpu.attention import _CHUNK, _attention_chunks, _combine_chunks, _plan
 from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
-from edged.backends.cpu.matmul import kquant_gemv_args
+from edged.backends.cpu.matmul import kquant_gemv_args, tuned_version
 from edged.backends.cpu.matmul_kquants import gemv_kquant
 from edged.backends.cpu.moe_step import _block as moe_block, block_args as moe_block_args
 from edged.backends.cpu.norm_rope import _rms_norm_rows, _rms_norm_rows_serial
@@ -62,9 +62,9 @@ def _add_row(y, b):
 
 
 @nb.njit(cache=True, nogil=True)
-def _block(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, cs, n_dims, neox,
-           kc, vc, ks, vs, slots, block_tables, seq_starts, positions, window, scale, cap, sinks, wo, ao, bo,
-           post_norm, ffn_norm, h_out):
+def _block(x, h_out, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, attn_norm, eps, w0,
+           a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, window, scale, cap, sinks, wo, ao, bo,
+           post_norm, ffn_norm):
     """x float32 [n, d] += the attention block's output (in place); h_out [n, d] = rms_norm(x,
     ffn_norm). w0..w2: the rows of q|k|v's matrices in order (m_i output columns each, m_i = 0
     for an unused slot); empty vectors stand for absent biases, norms and sinks. Returns 0 or an
@@ -124,15 +124,15 @@ def _block(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv
 
 
 @nb.njit(cache=True, nogil=True)
-def _block_moe(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, cs, n_dims,
-               neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, window, scale, cap, sinks, wo, ao, bo,
-               post_norm, ffn_norm, h, router, k_used, gating, norm_topk, mscale, gate_b, probs_b, wg, wu, wd, pg, pu,
-               pd, kind_gu, kind_d, n_expert, max_n):
+def _block_moe(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, attn_norm, eps, w0,
+               a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, window, scale, cap, sinks, wo, ao, bo,
+               post_norm, ffn_norm, router, k_used, gating, norm_topk, mscale, gate_b, probs_b, wg, wu, wd, pg, pu, pd,
+               kind_gu, kind_d, n_expert, max_n):
     """_block, then moe_step's _block of its h and the residual add: a MoE layer's decode step
     whole. Returns _block's codes, or 10 + the MoE block's."""
-    err = _block(x, attn_norm, eps, w0, a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, cs, n_dims,
-                 neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, window, scale, cap, sinks, wo, ao,
-                 bo, post_norm, ffn_norm, h)
+    err = _block(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, attn_norm, eps, w0,
+                 a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, window, scale, cap, sinks, wo, ao, bo,
+                 post_norm, ffn_norm)
     if err:
         return err
     f = np.empty_like(x)  # [n, d]
@@ -150,6 +150,53 @@ def _vec(a) -> np.ndarray:
     return _NONE if a is None else np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _layer_args(n, d, kv_shape, attn_norm, mats, wo, ffn_norm, eps, scale, window, softcap, q_norm, k_norm, bqkv, bo,
+                sinks, post_norm, moe):
+    """(_block's arguments after positions, moe_step._block's around h or None) for n tokens of
+    width d, or None where the step does not apply."""
+    if not 1 <= len(mats) <= 3:
+        return None
+    args = []
+    for w in (wo, *mats):  # wo first: a layer of other types is refused at its first lookup
+        a = kquant_gemv_args(w, n)
+        if a is None:
+            return None
+        args.append(a)
+    args = args[1:] + args[:1]  # q|k|v's, then wo's
+    _, bs, kvh, hd = kv_shape
+    cols = [w.shape[0] for w in mats]
+    nh = sum(cols) // hd - 2 * kvh
+    if (nh < kvh or nh % kvh or sum(cols) != (nh + 2 * kvh) * hd or any(w.shape[1] != d for w in mats)
+            or wo.shape != (d, nh * hd) or n * nh * hd > SERIAL_ELEMENTS or (q_norm is None) != (k_norm is None)):
+        return None  # the general path names what does not fit, or runs a larger batch
+    rows = [w.rows() for w in mats] + [mats[0].rows()] * (3 - len(mats))
+    cols += [0] * (3 - len(mats))
+    args += [args[0]] * (3 - len(mats))
+    bq, bk, bv = (None, None, None) if bqkv is None else bqkv
+    attn = (_vec(attn_norm), np.float32(eps), rows[0], args[0], cols[0], rows[1], args[1], cols[1], rows[2], args[2],
+            cols[2], nh, _vec(bq), _vec(bk), _vec(bv), _vec(q_norm), _vec(k_norm), int(window), np.float32(scale),
+            np.float32(softcap), check_sinks(sinks, nh), wo.rows(), args[3], _vec(bo), _vec(post_norm), _vec(ffn_norm))
+    margs = None
+    if moe is not None:
+        margs = moe_block_args(*moe[:10], np.empty((n, d), np.float32), moe[10])
+        if margs is not None:
+            margs = (*margs[0], *margs[1])
+    return attn, margs
+
+
+def _kept_layer_args(n, d, kv_shape, *layer):
+    """_layer_args, kept on the layer's wo (QTensor's own cache) for the same arguments, batch
+    size and tuned kernels: at decode every step asks again with the same objects."""
+    wo = layer[2]
+    key = (n, d, kv_shape, tuned_version(), *map(id, layer))
+    hit = wo.__dict__.get("_attention_step")
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    value = _layer_args(n, d, kv_shape, *layer)
+    object.__setattr__(wo, "_attention_step", (key, layer, value))  # layer: keeps the ids in key unique
+    return value
+
+
 def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: QTensor, ffn_norm: np.ndarray,
                          kv: LayerKV, batch: Batch, rope: RopeParams, eps: float, scale: float, window: int = 0,
                          softcap: float = 0.0, q_norm=None, k_norm=None, bqkv=None, bo=None, sinks=None,
@@ -165,49 +212,30 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
 
     moe, where given, is moe_block_step's arguments but h (router, k, gating, norm_topk, scale,
     gate_b, probs_b, gate, up, down, act): where that op applies too, the same call also adds its
-    output for h to x, and returns (x, None): the whole layer."""
+    output for h to x, and returns (x, None): the whole layer. What depends only on the weights
+    and n is kept between calls made with the same objects (the decoder's per-layer tuples)."""
     n = x.shape[0] if x.ndim == 2 else 0
-    if n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or not 1 <= len(mats) <= 3:
+    if n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or batch.block_size != kv.k.shape[1]:
         return None
-    args = []
-    for w in (wo, *mats):  # wo first: a layer of other types is refused at its first lookup
-        a = kquant_gemv_args(w, n)
-        if a is None:
-            return None
-        args.append(a)
-    args = args[1:] + args[:1]  # q|k|v's, then wo's
-    _, bs, kvh, hd = kv.k.shape
-    cols = [w.shape[0] for w in mats]
-    nh = sum(cols) // hd - 2 * kvh
-    d = x.shape[1]
-    if (nh < kvh or nh % kvh or sum(cols) != (nh + 2 * kvh) * hd or any(w.shape[1] != d for w in mats)
-            or wo.shape != (d, nh * hd) or n * nh * hd > SERIAL_ELEMENTS or batch.block_size != bs):
-        return None  # the general path names what does not fit, or runs a larger batch
+    layer = _kept_layer_args(n, x.shape[1], kv.k.shape, attn_norm, mats, wo, ffn_norm, eps, scale, window, softcap,
+                             q_norm, k_norm, bqkv, bo, sinks, post_norm, moe)
+    if layer is None:
+        return None
+    attn, margs = layer
     positions = np.ascontiguousarray(batch.positions, dtype=np.int32)
     slots = np.ascontiguousarray(batch.slot_mapping, dtype=np.int32)
     block_tables = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
     if positions.shape != (n,) or slots.shape != (n,) or block_tables.ndim != 2:
         return None
-    if (q_norm is None) != (k_norm is None):
-        return None
     seq_starts = np.ascontiguousarray(batch.seq_starts, dtype=np.int32)
-    rows = [w.rows() for w in mats] + [mats[0].rows()] * (3 - len(mats))
-    cols += [0] * (3 - len(mats))
-    args += [args[0]] * (3 - len(mats))
-    bq, bk, bv = (None, None, None) if bqkv is None else bqkv
-    cs, n_dims, neox = _step_cos_sin(rope, positions, hd)
     h = np.empty_like(x)  # [n, d]
-    kc, vc, ks, vs = kv_codec.kernel_arrays(kv)
-    attn = (x, _vec(attn_norm), np.float32(eps), rows[0], args[0], cols[0], rows[1], args[1], cols[1], rows[2],
-            args[2], cols[2], nh, _vec(bq), _vec(bk), _vec(bv), _vec(q_norm), _vec(k_norm), cs, n_dims, neox,
-            kc, vc, ks, vs, slots, block_tables, seq_starts, positions, int(window), np.float32(scale),
-            np.float32(softcap), check_sinks(sinks, nh), wo.rows(), args[3], _vec(bo), _vec(post_norm),
-            _vec(ffn_norm), h)
-    margs = None if moe is None else moe_block_args(*moe[:10], x, moe[10])
-    err = _block(*attn) if margs is None else _block_moe(*attn, *margs[0], *margs[1])
+    step = (x, h, *_step_cos_sin(rope, positions, kv.k.shape[3]), *kv_codec.kernel_arrays(kv), slots, block_tables,
+            seq_starts, positions)
+    err = _block(*step, *attn) if margs is None else _block_moe(*step, *attn, *margs)
     if err > 10:  # cannot happen: n <= max_n makes every group small, and the routing forms them well
         raise RuntimeError(f"attention_block_step: the routing's groups were refused (code {err - 10})")
     if err:
+        kc = kv.k
         raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=seq_starts, n=n,
                                              rows=block_tables.shape[0]))
     return x, (h if margs is None else None)

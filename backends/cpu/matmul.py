@@ -122,6 +122,7 @@ _DISPATCH_GROUPED = {qtype: (*_launch(pair), True, _GEMV_MAX_N[qtype]) for qtype
 # (qtype, m, k, grouped) -> (per size class (n = 1, gemv n > 1, gemm) the kernel's trailing args:
 # bound type + knobs; then the gemv's largest n); set by set_tuned, empty (every kernel's defaults) otherwise
 _TUNED: dict = {}
+_TUNED_SETS = [0]  # set_tuned calls so far (tuned_version)
 
 
 def for_matmul(w: QTensor, fits=None) -> QTensor:
@@ -181,6 +182,13 @@ def set_tuned(choices: dict) -> None:
                 int(max_n) if max_n is not None else gemv_max_n(qtype))
     _TUNED.clear()
     _TUNED.update(table)
+    _TUNED_SETS[0] += 1
+
+
+def tuned_version() -> int:
+    """A number that changes whenever set_tuned installs choices (for callers that keep
+    kquant_gemv_args' answers)."""
+    return _TUNED_SETS[0]
 
 
 def tuned() -> dict:

@@ -205,3 +205,20 @@ def test_a_moe_layer_whole_in_one_call(positions):
     alone = cpu.attention_block_step(x.copy(), o["attn_norm"], mats, wo, o["ffn_norm"], kv_step, batch, ROPE, EPS,
                                      SCALE, 0, 0.0, o["q_norm"], o["k_norm"], moe=not_silu)
     assert alone[1] is not None and np.array_equal(alone[1], h)
+
+
+def test_kept_arguments_follow_the_weights_and_the_batch():
+    """What the step keeps between calls (on wo) is looked up by the objects it was given and the
+    batch size: other q|k|v weights, another norm, or more tokens after a first call give the
+    ops' bits for those, never the kept ones."""
+    mats, wo = _mats("qk_v")
+    other, _ = _mats("qkv")
+    o = _vectors(4, ("norms",))
+    x = np.random.default_rng(8).standard_normal((3, D)).astype(np.float32)
+    for m, positions, norm in ((mats, [37], None), (other, [37], None), (other, [300, 5, 70], None),
+                               (other, [300, 5, 70], np.linspace(2, 3, D, dtype=np.float32))):
+        oo = dict(o, ffn_norm=norm) if norm is not None else o
+        b = _batch(positions)
+        got = _step(x[: len(positions)].copy(), m, wo, _filled_kv("f16", 4), b, oo)
+        want = _ops(x[: len(positions)].copy(), m, wo, _filled_kv("f16", 4), b, oo)
+        assert np.array_equal(got[1], want[1])
