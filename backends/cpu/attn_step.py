@@ -6,8 +6,9 @@ At decode the general path makes some ten op calls a layer, and their Python and
 about as much as the arithmetic of a small model's attention (docs/kernels.md, "The attention
 block in one call"). This runs each op's own compiled kernel, picked by the op's own size rule,
 in the op's order, so every bit is the general path's: batch invariance holds whichever path a
-batch takes. It takes K-quant projections within the gemv's batch (kquant_gemv_args); anything
-else returns None and the caller runs the general path.
+batch takes. It takes projections whose matmul runs a K-quant or block-type (Q4_0 .. Q8_0,
+IQ4_NL) gemv at this batch size (matmul.gemv_args); anything else returns None and the caller
+runs the general path.
 """
 
 import numba as nb
@@ -18,7 +19,7 @@ from edged.backends.cpu import kv_codec
 from edged.backends.cpu.act_quant import quantized_q8
 from edged.backends.cpu.attention import _CHUNK, _attention_chunks, _combine_chunks, _plan
 from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
-from edged.backends.cpu.matmul import kquant_gemv_args, tuned_version
+from edged.backends.cpu.matmul import LEGACY_GEMVS, gemv_args, tuned_version
 from edged.backends.cpu.matmul_kquants import gemv_kquant
 from edged.backends.cpu.moe_step import _block as moe_block, block_args as moe_block_args
 from edged.backends.cpu.norm_rope import _rms_norm_rows, _rms_norm_rows_serial
@@ -45,11 +46,57 @@ def _norm(x, w, eps, out):
         _rms_norm_rows(x, w, eps, out)
 
 
+_L0 = LEGACY_GEMVS[0]
+_L1 = LEGACY_GEMVS[1]
+_L2 = LEGACY_GEMVS[2]
+_L3 = LEGACY_GEMVS[3]
+_L4 = LEGACY_GEMVS[4]
+_L5 = LEGACY_GEMVS[5]
+_L6 = LEGACY_GEMVS[6]
+_L7 = LEGACY_GEMVS[7]
+_L8 = LEGACY_GEMVS[8]
+_L9 = LEGACY_GEMVS[9]
+_L10 = LEGACY_GEMVS[10]
+_L11 = LEGACY_GEMVS[11]
+
+
+@nb.njit(cache=True, nogil=True)
+def _legacy_gemv(i, w, xq, xd, xs, y, tasks, pf, mode, threads):
+    """LEGACY_GEMVS[i] (each its own compiled kernel, called as matmul calls it)."""
+    if i == 0:
+        _L0(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 1:
+        _L1(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 2:
+        _L2(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 3:
+        _L3(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 4:
+        _L4(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 5:
+        _L5(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 6:
+        _L6(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 7:
+        _L7(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 8:
+        _L8(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 9:
+        _L9(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 10:
+        _L10(w, xq, xd, xs, y, tasks, pf, mode, threads)
+    elif i == 11:
+        _L11(w, xq, xd, xs, y, tasks, pf, mode, threads)
+
+
 @nb.njit(cache=True, nogil=True)
 def _gemv(w, a, xq, xd, xs, m):
-    """matmul's gemv of w's rows [m, row_bytes] with its arguments a (kquant_gemv_args) -> [n, m]."""
+    """matmul's gemv of w's rows [m, row_bytes] with its arguments a (gemv_args) -> [n, m]."""
     y = np.empty((xq.shape[0], m), np.float32)  # [n, m]
-    gemv_kquant(w, xq, xd, xs, y, a[0], a[1], a[2], a[3], a[4], a[5])
+    if a[0] == 0:
+        gemv_kquant(w, xq, xd, xs, y, a[1], a[2], a[3], a[4], a[5], a[6])
+    else:
+        _legacy_gemv(a[1], w, xq, xd, xs, y, a[3], a[4], a[5], a[6])
     return y
 
 
@@ -158,11 +205,11 @@ def _layer_args(n, d, kv_shape, attn_norm, mats, wo, ffn_norm, eps, scale, windo
         return None
     args = []
     for w in (wo, *mats):  # wo first: a layer of other types is refused at its first lookup
-        a = kquant_gemv_args(w, n)
+        a = gemv_args(w, n)
         if a is None:
             return None
         args.append(a)
-    args = args[1:] + args[:1]  # q|k|v's, then wo's
+    wo_args, args = args[0], args[1:]
     _, bs, kvh, hd = kv_shape
     cols = [w.shape[0] for w in mats]
     nh = sum(cols) // hd - 2 * kvh
@@ -171,7 +218,8 @@ def _layer_args(n, d, kv_shape, attn_norm, mats, wo, ffn_norm, eps, scale, windo
         return None  # the general path names what does not fit, or runs a larger batch
     rows = [w.rows() for w in mats] + [mats[0].rows()] * (3 - len(mats))
     cols += [0] * (3 - len(mats))
-    args += [args[0]] * (3 - len(mats))
+    args += [args[0]] * (3 - len(mats))  # unused slots (m = 0 columns)
+    args.append(wo_args)
     bq, bk, bv = (None, None, None) if bqkv is None else bqkv
     attn = (_vec(attn_norm), np.float32(eps), rows[0], args[0], cols[0], rows[1], args[1], cols[1], rows[2], args[2],
             cols[2], nh, _vec(bq), _vec(bk), _vec(bv), _vec(q_norm), _vec(k_norm), int(window), np.float32(scale),
@@ -206,9 +254,9 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     QTensors whose outputs side by side are q|k|v), the biases bqkv = (bq, bk, bv) where given,
     rope_store_kv (q_norm / k_norm, rope; k and v stored in kv at batch.slot_mapping),
     attention (scale, window, softcap, sinks), matmul by wo (+ bo) and the optional post_norm
-    give, bit for bit. None where it does not apply (a projection that is not a K-quant within
-    its gemv's batch, an input that is not C-contiguous float32, more than rope_store_kv's serial
-    work): the caller runs those ops instead.
+    give, bit for bit. None where it does not apply (a projection whose matmul would not run a
+    K-quant or block-type gemv, an input that is not C-contiguous float32, more than
+    rope_store_kv's serial work): the caller runs those ops instead.
 
     moe, where given, is moe_block_step's arguments but h (router, k, gating, norm_topk, scale,
     gate_b, probs_b, gate, up, down, act): where that op applies too, the same call also adds its

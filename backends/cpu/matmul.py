@@ -13,7 +13,7 @@ Public API
     for_matmul(w) -> QTensor               w in the layout the CPU backend runs on where its type has
                                            one: grouped rows (legacy_groups.py), row pairs (kquant_pairs.py)
     gemv_max_n(qtype) -> int               the largest n that matmul hands to the type's gemv
-    kquant_gemv_args(w, n) -> tuple | None the K-quant gemv's trailing arguments matmul would use
+    gemv_args(w, n) -> tuple | None        which gemv matmul would call, and with which arguments
     set_tuned(choices) / tuned()           per-shape kernel knobs and gemv/gemm crossover chosen on
                                            this machine (tuning.py)
     matmul_knobs(w, x, knobs, kernel=)     matmul with the given knobs (the tuner's timing call)
@@ -244,22 +244,34 @@ def matmul(w: QTensor, x: np.ndarray, *, qx=None, out: np.ndarray | None = None)
     return out
 
 
-def kquant_gemv_args(w: QTensor, n: int) -> tuple | None:
-    """The trailing arguments (kind, paired, tasks, prefetch, mode, threads) with which matmul(w,
-    x [n, k]) calls matmul_kquants.gemv_kquant, tuned knobs included; None where it would call
-    another kernel (another type, or n past the gemv's batch). A compiled call that runs the
-    gemv itself with these gives matmul's bits."""
+# the legacy types' gemv dispatchers (one per type and layout) in a fixed order: the index
+# gemv_args gives them, which attn_step's compiled switch calls by
+LEGACY_GEMVS = tuple(table[qt][0].kernel for qt in matmul_legacy.KIND
+                     for table in (matmul_legacy.KERNELS, matmul_legacy.GROUPED_KERNELS))
+_LEGACY_INDEX = {id(g): i for i, g in enumerate(LEGACY_GEMVS)}
+
+
+def gemv_args(w: QTensor, n: int) -> tuple | None:
+    """How matmul(w, x [n, k]) calls its gemv, as 7 ints (family, sub, paired, tasks, prefetch,
+    mode, threads), tuned knobs included: family 0 is matmul_kquants.gemv_kquant (sub its kind),
+    1 the legacy types' gemv LEGACY_GEMVS[sub]. None where matmul would call another kernel
+    (another type, or n past the gemv's batch). A compiled call that runs that gemv with these
+    gives matmul's bits."""
     if len(w.shape) != 2:
         return None
     plan = (_DISPATCH_GROUPED if w.grouped else _DISPATCH).get(w.qtype)
-    if plan is None or plan[0] is not matmul_kquants.gemv_kquant:
+    if plan is None:
         return None
     m, k = w.shape
     tuned = _TUNED.get((w.qtype, m, k, w.grouped)) if _TUNED else None
     max_n = plan[4] if tuned is None else tuned[3]
     if not 1 <= n <= max_n:
         return None
-    return (plan[2] if tuned is None else tuned)[0 if n == 1 else 1]
+    args = (plan[2] if tuned is None else tuned)[0 if n == 1 else 1]
+    if plan[0] is matmul_kquants.gemv_kquant:
+        return (0, *args)  # (kind, paired, 4 knobs)
+    legacy = _LEGACY_INDEX.get(id(plan[0]))
+    return None if legacy is None else (1, legacy, 0, *args)  # args: the 4 knobs
 
 
 def matmuls(ws, x: np.ndarray) -> list:

@@ -19,21 +19,28 @@ EPS, SCALE = 1e-6, 0.125
 ROPE = RopeParams(dim=64, freq_base=10000.0, neox=True)
 
 
+# q, k, v, wo types per layout: K-quants; and the 32-element block types (Gemma 3's Q4_K_M file:
+# q|k Q5_0 beside a Q8_0 v, wo Q4_K), grouped by the backend's copy or raw
+_TYPES = {"qkv": (T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K), "qk_v": (T.Q4_K, T.Q4_K, T.Q6_K, T.Q4_K),
+          "q_k_v": (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS), "legacy_qk_v": (T.Q5_0, T.Q5_0, T.Q8_0, T.Q4_K),
+          "legacy_q_k_v": (T.Q4_0, T.Q5_1, T.IQ4_NL, T.Q8_0)}
+
+
 def _mats(layout: str):
-    """(q|k|v matrices, wo) as the CPU backend holds them (row pairs where it copies)."""
+    """(q|k|v matrices, wo) as the CPU backend holds them (its copies; the q_k_v layouts raw)."""
+    tq, tk, tv, to = _TYPES[layout]
     q, k, v = (random_qtensor(t, r, D, seed=s, name=n) for t, r, s, n in
-               ((T.Q4_K, NH * HD, 1, "q"), (T.Q4_K if layout != "q_k_v" else T.Q5_K, KVH * HD, 2, "k"),
-                (T.Q6_K if layout != "qkv" else T.Q4_K, KVH * HD, 3, "v")))
+               ((tq, NH * HD, 1, "q"), (tk, KVH * HD, 2, "k"), (tv, KVH * HD, 3, "v")))
     cat = lambda ws, name: QTensor(name, ws[0].qtype, (sum(w.shape[0] for w in ws), D),  # noqa: E731
                                    np.concatenate([w.rows().reshape(-1) for w in ws]))
     if layout == "qkv":
         mats = (cat((q, k, v), "qkv"),)
-    elif layout == "qk_v":
+    elif layout.endswith("qk_v"):
         mats = (cat((q, k), "qk"), v)
     else:
-        mats = (q, k, v)  # GGUF's own rows (no pair copy)
-    wo = random_qtensor(T.Q4_K if layout != "q_k_v" else T.IQ4_XS, D, NH * HD, seed=4, name="wo")
-    up = (lambda w: w) if layout == "q_k_v" else cpu.upload_matrix
+        mats = (q, k, v)  # GGUF's own rows (no copy)
+    wo = random_qtensor(to, D, NH * HD, seed=4, name="wo")
+    up = (lambda w: w) if layout.endswith("q_k_v") else cpu.upload_matrix
     return tuple(up(w) for w in mats), up(wo)
 
 
@@ -118,7 +125,7 @@ def _same_bits(layout, kv_type, positions, extras, seed=0):
             assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("layout", ["qkv", "qk_v", "q_k_v"])
+@pytest.mark.parametrize("layout", list(_TYPES))
 @pytest.mark.parametrize("kv_type", KV_TYPES)
 @pytest.mark.parametrize("positions", [[37], [300, 5, 70]])  # 300: two attention chunks
 def test_same_bits_as_the_ops(layout, kv_type, positions):
@@ -150,9 +157,9 @@ def test_a_token_alone_gets_its_bits_from_a_batch():
 def test_none_where_it_does_not_apply_and_nothing_is_written():
     mats, wo = _mats("qk_v")
     o = _vectors(0, ())
-    legacy = cpu.upload_matrix(random_qtensor(T.Q8_0, KVH * HD, D, seed=9, name="v8"))
-    for args in [((mats[0], legacy), wo, [7]),  # a projection of another kernel family
-                 (mats, cpu.upload_matrix(random_qtensor(T.Q8_0, D, NH * HD, seed=8, name="wo8")), [7]),
+    half = random_qtensor(T.F16, KVH * HD, D, seed=9, name="v16")
+    for args in [((mats[0], half), wo, [7]),  # a projection of another kernel family (float)
+                 (mats, random_qtensor(T.F16, D, NH * HD, seed=8, name="wo16"), [7]),
                  (mats, wo, [7, 8, 9, 10, 11, 12])]:  # past the gemv's batch
         kv = _filled_kv("f16", 0)
         before = kv.k.copy()

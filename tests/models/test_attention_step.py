@@ -1,9 +1,10 @@
 """The decoder takes the CPU's one-call attention block (cpu.attention_block_step) at decode where
-its projections are K-quants, and every architecture's greedy tokens and top-5 logprobs equal those
-of the general path (the backend without the step): plain attention (llama), q/k/v biases (qwen2),
-q/k norms (qwen3), post-attention norms with soft-capping and a window (gemma2), sinks, an output
-bias and YaRN (gpt-oss); and a qwen3moe layer whole (attention, its routed Q4_K experts and both
-residual adds) in the one call."""
+its projections run through a K-quant or block-type gemv, and every architecture's greedy tokens
+and top-5 logprobs equal those of the general path (the backend without the step): plain
+attention (llama), q/k/v biases (qwen2), q/k norms (qwen3), post-attention norms with soft-capping
+and a window (gemma2), sinks, an output bias and YaRN (gpt-oss), the 32-element block types
+(gemma3 in Q5_0, llama in Q8_0); and a qwen3moe layer whole (attention, its routed Q4_K experts
+and both residual adds) in the one call."""
 
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -15,11 +16,13 @@ from tests.helpers.tiny_models import write_tiny_model
 from tests.models.driver import greedy
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gpt-oss", "qwen3moe"])
-def test_decode_takes_the_step_with_the_general_paths_bits(tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("arch, matrix_type", [("llama", T.Q4_K), ("qwen2", T.Q4_K), ("qwen3", T.Q4_K),
+                                                ("gemma2", T.Q4_K), ("gpt-oss", T.Q4_K), ("qwen3moe", T.Q4_K),
+                                                ("gemma3", T.Q5_0), ("llama", T.Q8_0)])
+def test_decode_takes_the_step_with_the_general_paths_bits(tmp_path, monkeypatch, arch, matrix_type):
     moe = dict(expert_type=T.Q4_K) if arch == "qwen3moe" else {}
     gf = load_gguf(write_tiny_model(tmp_path / "m.gguf", arch, seed=4, n_embd=256, n_heads=4, n_kv_heads=2,
-                                    head_dim=64, matrix_type=T.Q4_K, **moe))
+                                    head_dim=64, matrix_type=matrix_type, **moe))
     taken = []
     real = cpu.attention_block_step
 
