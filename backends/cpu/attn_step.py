@@ -46,18 +46,8 @@ def _norm(x, w, eps, out):
         _rms_norm_rows(x, w, eps, out)
 
 
-_L0 = LEGACY_GEMVS[0]
-_L1 = LEGACY_GEMVS[1]
-_L2 = LEGACY_GEMVS[2]
-_L3 = LEGACY_GEMVS[3]
-_L4 = LEGACY_GEMVS[4]
-_L5 = LEGACY_GEMVS[5]
-_L6 = LEGACY_GEMVS[6]
-_L7 = LEGACY_GEMVS[7]
-_L8 = LEGACY_GEMVS[8]
-_L9 = LEGACY_GEMVS[9]
-_L10 = LEGACY_GEMVS[10]
-_L11 = LEGACY_GEMVS[11]
+# module globals the compiled switch below calls by name (unpacking checks there are twelve)
+_L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10, _L11 = LEGACY_GEMVS
 
 
 @nb.njit(cache=True, nogil=True)

@@ -187,7 +187,7 @@ def set_tuned(choices: dict) -> None:
 
 def tuned_version() -> int:
     """A number that changes whenever set_tuned installs choices (for callers that keep
-    kquant_gemv_args' answers)."""
+    gemv_args' answers)."""
     return _TUNED_SETS[0]
 
 
