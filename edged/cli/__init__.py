@@ -2,7 +2,11 @@
 
 import importlib
 
-import click
+from edged.malloc_arena import use_one_arena
+
+use_one_arena()  # before numpy, numba or the engine start a thread
+
+import click  # noqa: E402
 
 # command name -> module under edged.cli defining a click command called `command`
 _COMMANDS = {
