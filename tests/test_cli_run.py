@@ -94,3 +94,15 @@ def test_kv_type_flag(tiny, tmp_path):
     assert abs(ppl["q8_0"]["ppl"] / ppl["f32"]["ppl"] - 1) < 0.05
     r = CliRunner().invoke(main, ["run", tiny, "--prompt-ids", "2,5", "--kv-type", "q4_0"])
     assert r.exit_code == 2 and "Invalid value for '--kv-type'" in r.output
+
+
+def test_run_with_a_draft_model_gives_the_same_tokens(tiny, tmp_path):
+    args = ["run", tiny, "--prompt-ids", "2,5,6,7", "--temperature", "0", "-n", "8", "--json"]
+    plain = _json(CliRunner().invoke(main, args))
+    drafted = _json(CliRunner().invoke(main, args + ["--draft", tiny, "--draft-p-min", "0"]))
+    assert drafted["ids"] == plain["ids"]
+    r = CliRunner().invoke(main, args + ["--draft", tiny, "--spec", "ngram"])
+    assert r.exit_code == 2 and "choose one" in r.output
+    other = str(write_tiny_model(tmp_path / "q.gguf", "qwen2"))  # another vocabulary
+    r = CliRunner().invoke(main, args + ["--draft", other])
+    assert r.exit_code == 1 and "draft model" in r.output and "tokenizer" in r.output, r.output

@@ -53,8 +53,9 @@ def backend_options(f):
 
 
 def spec_options(f=None, *, envvar_prefix: str | None = None):
-    """--spec and --spec-max: speculative decoding (edged.engine.spec_ngram). envvar_prefix:
-    also read EDGED_SPEC / EDGED_SPEC_MAX (`edged serve`, whose every flag is a variable)."""
+    """--spec, --spec-max, --draft and --draft-p-min: speculative decoding (edged.engine.spec_ngram,
+    spec_draft). envvar_prefix: also read EDGED_SPEC etc. (`edged serve`, whose every flag is a
+    variable)."""
     if f is None:  # used as @spec_options(envvar_prefix="EDGED_")
         return lambda g: spec_options(g, envvar_prefix=envvar_prefix)
     env = {} if envvar_prefix is None else {"show_envvar": True}
@@ -66,11 +67,22 @@ def spec_options(f=None, *, envvar_prefix: str | None = None):
         click.option("--spec-max", type=click.IntRange(1, 64), default=8, show_default=True,
                      envvar=f"{envvar_prefix}SPEC_MAX" if envvar_prefix else None, **env,
                      help="Draft tokens verified per sequence and step at most."),
+        click.option("--draft", default=None, envvar=f"{envvar_prefix}DRAFT" if envvar_prefix else None, **env,
+                     help="Draft model (a .gguf path or a store name) with the model's vocabulary: it "
+                          "proposes tokens the model verifies in one forward pass; outputs unchanged."),
+        click.option("--draft-p-min", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+                     envvar=f"{envvar_prefix}DRAFT_P_MIN" if envvar_prefix else None, **env,
+                     help="The draft stops proposing where its top token's probability is below this "
+                          "(0: it proposes --spec-max tokens every step)."),
     ]):
         f = opt(f)
     return f
 
 
-def spec_setting(spec: str) -> str | None:
-    """EngineConfig.spec from the --spec choice."""
+def spec_setting(spec: str, draft: str | None = None) -> str | None:
+    """EngineConfig.spec from the --spec choice and --draft."""
+    if draft:
+        if spec != "off":
+            raise click.UsageError(f"--draft and --spec {spec}: choose one kind of speculation")
+        return "draft"
     return None if spec == "off" else spec

@@ -33,10 +33,12 @@ def _parse_ids(text: str) -> list[int]:
 @backend_options
 @spec_options
 def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, min_p, seed,
-            logprobs, chat, chat_template, as_json, ctx, kv_type, backend, gpu_layers, spec, spec_max):
+            logprobs, chat, chat_template, as_json, ctx, kv_type, backend, gpu_layers, spec, spec_max, draft,
+            draft_p_min):
     """Generate a continuation of a prompt."""
     from edged.engine.engine import Engine, EngineConfig
     from edged.engine.sizing import plan_kv
+    from edged.engine.spec_draft import load_draft
     from edged.loader import load
     from edged.sampling import SamplingParams
 
@@ -55,8 +57,12 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
         text = lm.chat.render([{"role": "user", "content": prompt}]) if chat else prompt
         ids = tok.encode(text, add_special=True, parse_special=True)
     kv = plan_kv(lm.model, 16, ctx=ctx, max_seqs=1, max_batch_tokens=512)
-    engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1,
-                                                          spec=spec_setting(spec), spec_max=spec_max)).start()
+    spec = spec_setting(spec, draft)
+    draft_model = _load(lambda m, chat_template, **kw: load_draft(m, tok, **kw), draft, None,
+                        backend=backend, kv_type=kv_type) if draft else None
+    engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1, spec=spec,
+                                                          spec_max=spec_max, spec_p_min=draft_p_min),
+                    draft=draft_model).start()
     try:
         t0 = time.perf_counter()
         stream = engine.add_request(ids, params)

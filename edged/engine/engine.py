@@ -26,7 +26,8 @@ from edged.engine.request import Request, Status
 from edged.engine.runner import StepRows, build_batch
 from edged.engine.scheduler import Scheduler
 from edged.engine.sizing import KVPlan, available_memory, kv_layout, window_blocks_needed, window_pool_blocks
-from edged.engine.spec_ngram import SPEC_METHODS, NgramProposer, draft_room
+from edged.engine.spec_draft import P_MIN, DraftModelProposer
+from edged.engine.spec_ngram import NgramProposer, draft_room
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
 from edged.kv.manager import KVCacheManager
@@ -49,10 +50,13 @@ class EngineConfig:
     free_window_blocks: bool = True
     # prompt tokens scored (prompt logprobs) per step; None: prompt_logprobs.max_scored_rows
     max_scored_rows: int | None = None
-    # speculative decoding: None (off) or "ngram" (drafts from the context, edged.engine.spec_ngram),
-    # at most spec_max draft tokens verified per sequence and step
+    # speculative decoding: None (off), "ngram" (drafts from the context, edged.engine.spec_ngram)
+    # or "draft" (from the Engine's draft model, edged.engine.spec_draft), at most spec_max draft
+    # tokens verified per sequence and step
     spec: str | None = None
     spec_max: int = 8
+    # "draft": the draft stops where its top probability falls below this (spec_draft.P_MIN)
+    spec_p_min: float = P_MIN
 
     @classmethod
     def from_plan(cls, plan: KVPlan, **settings) -> "EngineConfig":
@@ -140,11 +144,29 @@ def _check_host_memory(need: int) -> None:
                          "available: lower --ctx or --max-seqs, or set --kv-memory")
 
 
+def _proposer(model, config: EngineConfig, draft):
+    """config.spec's draft proposer (None: no speculation)."""
+    if config.spec not in (None, "ngram", "draft"):
+        raise ValueError(f"spec must be None, ngram or draft, got {config.spec!r}")
+    if (config.spec == "draft") != (draft is not None):
+        raise ValueError("a draft model goes with spec 'draft', and spec 'draft' needs one")
+    if config.spec == "draft":
+        if draft.vocab_size != model.vocab_size:
+            raise ValueError(f"the draft model's vocabulary has {draft.vocab_size} tokens, the target's "
+                             f"{model.vocab_size}")
+        # as many tokens as the target's pool, and each sequence's drafts past its last block
+        tokens = config.num_blocks * config.block_size + config.max_seqs * (config.spec_max + config.block_size)
+        return DraftModelProposer(draft, config.spec_max, tokens, config.block_size, config.spec_p_min)
+    return NgramProposer(model.vocab_size, config.spec_max) if config.spec else None
+
+
 class Engine:
     """Continuous-batching generation over one model. Thread-safe entry points: add_request,
     abort, stats, stop."""
 
-    def __init__(self, model, tokenizer, config: EngineConfig):
+    def __init__(self, model, tokenizer, config: EngineConfig, draft=None):
+        """draft: the model proposing tokens for config.spec "draft" (the target's vocabulary:
+        spec_draft.check_same_vocabulary)."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -158,9 +180,7 @@ class Engine:
         # the sampled rows' argmax and finiteness: the server's model runs big scans on its compute thread
         self._rows_scan = getattr(model, "rows_scan", rows_scan)
         self.masks = StepMasks(model.vocab_size)  # grammar masks of constrained rows
-        if config.spec not in (None, *SPEC_METHODS):
-            raise ValueError(f"spec must be None or one of {', '.join(SPEC_METHODS)}, got {config.spec!r}")
-        self.spec = NgramProposer(model.vocab_size, config.spec_max) if config.spec else None
+        self.spec = _proposer(model, config, draft)
         self._spec_drafted = self._spec_accepted = 0
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -479,7 +499,7 @@ class Engine:
             return results
 
     def _propose_drafts(self) -> None:
-        """Set each running request's drafts for this step (edged.engine.spec_ngram): decoding
+        """Set each running request's drafts for this step (spec_ngram, spec_draft): decoding
         ones without a grammar (constrained requests never speculate: their drafts would need the
         matcher's mask at every draft position) that did not opt out (params.speculative)."""
         spec, max_len = self.spec, self.max_len

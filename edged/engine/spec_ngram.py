@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 
-SPEC_METHODS = ("ngram",)
 MAX_NGRAM = 3  # longest n-gram looked up
 # A draft token costs about this share of a one-token decode step where it is verified (on the
 # CPU at c = 1: a step of 1 + k tokens takes ~1 + k / 4 one-token steps, the weights read once but

@@ -61,8 +61,10 @@ class ServerConfig:
     max_memory: str | None = None  # weights + KV + workspace of the loaded models: "8GiB" or 0.5 of RAM
     preload: tuple[str, ...] = ()  # store models to start loading at startup
     pooling: str | None = None  # /v1/embeddings: mean | last | cls; None: the file's, else mean
-    spec: str | None = None  # speculative decoding: None (off) or "ngram" (edged.engine.spec_ngram)
+    spec: str | None = None  # speculative decoding: None (off), "ngram" or "draft" (edged.engine.spec_*)
     spec_max: int = 8  # draft tokens verified per sequence and step
+    draft: str | None = None  # spec "draft": the draft model (a .gguf path or a store name)
+    draft_p_min: float = 0.0  # the draft stops below this top-token probability (0: never)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -92,8 +94,12 @@ class ServerConfig:
             raise ValueError(f"--reasoning-format must be none or auto, got {self.reasoning_format!r}")
         if self.pooling not in (None, "mean", "last", "cls"):
             raise ValueError(f"--pooling must be mean, last or cls, got {self.pooling!r}")
-        if self.spec not in (None, "ngram"):
+        if self.spec not in (None, "ngram", "draft"):
             raise ValueError(f"--spec must be off or ngram, got {self.spec!r}")
+        if (self.spec == "draft") != bool(self.draft):
+            raise ValueError("speculation with a draft model needs --draft, and --draft that speculation")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise ValueError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
         if not 1 <= self.spec_max <= 64:
             raise ValueError(f"--spec-max must be in 1..64, got {self.spec_max}")
         if self.backend not in ("auto", "cpu", "cuda"):

@@ -91,7 +91,12 @@ class ModelSlot:
                   kv_type=c.kv_type)
         # compile the tokenizer's JIT paths now, not in the first client's request
         lm.tokenizer.encode(lm.chat.render([{"role": "user", "content": "warm up ✓"}]))
-        self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path))
+        draft = None
+        if c.draft:
+            from edged.engine.spec_draft import load_draft
+
+            draft = load_draft(c.draft, lm.tokenizer, warmup=c.warmup, backend=c.backend, kv_type=c.kv_type)
+        self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path), draft=draft)
         return time.monotonic() - t0
 
     def _kv_tokens(self, model):
@@ -111,8 +116,8 @@ class ModelSlot:
                        max_seqs=c.max_seqs, max_batch_tokens=c.max_batch_tokens, kv_type=c.kv_type)
 
     def attach(self, model, tokenizer, chat, model_path: str | None = None, *, engine_cls=None,
-               engine_config_cls=None) -> None:
-        """Start an engine over an already-loaded model; the slot is then loaded."""
+               engine_config_cls=None, draft=None) -> None:
+        """Start an engine over an already-loaded model (and --draft's model); the slot is then loaded."""
         if engine_cls is None:
             from edged.engine.engine import Engine as engine_cls
             from edged.engine.engine import EngineConfig as engine_config_cls
@@ -121,9 +126,10 @@ class ModelSlot:
         kv = self.plan_kv(model)
         ecfg = engine_config_cls.from_plan(kv, max_batch_tokens=c.max_batch_tokens, max_seqs=c.max_seqs,
                                            enable_prefix_cache=c.prefix_cache, max_model_len=ctx,
-                                           spec=c.spec, spec_max=c.spec_max)
+                                           spec=c.spec, spec_max=c.spec_max, spec_p_min=c.draft_p_min)
         # forward passes on the one compute thread: one OpenMP team for all models (compute_thread)
-        self.engine = engine_cls(SharedForward(model), tokenizer, ecfg).start()
+        drafts = {"draft": SharedForward(draft)} if draft is not None else {}
+        self.engine = engine_cls(SharedForward(model), tokenizer, ecfg, **drafts).start()
         self.tokenizer, self.chat = tokenizer, chat
         if model_path is not None:
             self.model_path = model_path
@@ -132,6 +138,8 @@ class ModelSlot:
         self.status = LOADED
         log.info("%s: KV pool: %s; context %d tokens, %d sequences", self.model_name, kv.describe(),
                  ctx, c.max_seqs)
+        if draft is not None:
+            log.info("%s: draft model %s proposes up to %d tokens a step", self.model_name, c.draft, c.spec_max)
 
     def unload(self) -> None:
         """Stop the engine and drop every reference to the model (weights, KV pools, tokenizer,

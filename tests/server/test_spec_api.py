@@ -64,3 +64,60 @@ def test_speculative_field_is_a_boolean(served, path, body):
     assert client.post(path, json={**body, "speculative": False}).status_code == 200
     r = client.post(path, json={**body, "speculative": "no"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculative", r.text
+
+
+# -- --draft: a draft model loaded beside MODEL ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("draft")
+    return (str(write_tiny_model(d / "target.gguf", "llama")),
+            str(write_tiny_model(d / "other.gguf", "qwen2")))  # another vocabulary
+
+
+def _draft_config(target: str, draft: str, **kw) -> ServerConfig:
+    return ServerConfig(model=target, ctx=256, max_seqs=4, block_size=4, warmup=False, spec="draft",
+                        draft=draft, draft_p_min=0.0, **kw)
+
+
+def test_a_draft_model_is_loaded_with_model_and_its_drafts_count(tiny_files):
+    target, _ = tiny_files
+    state = ServerState(_draft_config(target, target))  # the model as its own draft: all accepted
+    state.load()
+    assert state.status == "ready", state.error
+    with TestClient(create_app(state, load_in_background=False), base_url="http://localhost") as c:
+        body = {"prompt": "one two three", "max_tokens": 12, "temperature": 0}
+        off = c.post(COMP, json={**body, "speculative": False}).json()
+        on = c.post(COMP, json=body).json()
+        assert on["choices"][0]["text"] == off["choices"][0]["text"]
+        m = c.get("/metrics").text
+        drafted = float(re.search(r'^edged_spec_draft_tokens_total{model="target"} (\S+)$', m, re.M).group(1))
+        assert drafted >= 8  # 11 tokens after the first, up to 8 a step
+        assert float(re.search(r'^edged_spec_acceptance_ratio{model="target"} (\S+)$', m, re.M).group(1)) == 1.0
+
+
+def test_a_draft_with_another_vocabulary_fails_the_load(tiny_files):
+    target, other = tiny_files
+    state = ServerState(_draft_config(target, other))
+    state.load()
+    assert state.status == "failed" and "VocabularyMismatch" in state.error and other in state.error
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"spec": "draft"}, "--draft"),
+    ({"draft": "x.gguf"}, "--draft"),
+    ({"spec": "draft", "draft": "x.gguf", "draft_p_min": 1.5}, "--draft-p-min"),
+])
+def test_draft_settings_are_validated(kw, message):
+    with pytest.raises(ValueError, match=message):
+        ServerConfig(model="m.gguf", **kw).validate()
+
+
+def test_serve_without_model_refuses_a_draft():
+    from click.testing import CliRunner
+
+    from edged.cli import main
+
+    r = CliRunner().invoke(main, ["serve", "--draft", "x.gguf"])
+    assert r.exit_code == 2 and "--draft needs MODEL" in r.output, r.output
