@@ -2,9 +2,9 @@
 
 import importlib
 
-from edged.malloc_arena import use_one_arena
+from edged.malloc_policy import keep_freed_memory
 
-use_one_arena()  # before numpy, numba or the engine start a thread
+keep_freed_memory()  # before the engine's first step
 
 import click  # noqa: E402
 
