@@ -1,7 +1,9 @@
 """Speculation with a draft model (llama.cpp's -md, vLLM's draft models): a smaller model with the
 target's vocabulary greedily proposes the next tokens of a decoding sequence, and the engine
 verifies them in one forward pass of the target (edged.engine.engine), which keeps the outputs
-exactly those of decoding without drafts (a greedy draft is a one-token proposal).
+exactly those of decoding without drafts (a greedy draft is a one-token proposal). The step's
+decoding sequences are drafted together: each draft pass carries one token of every sequence
+still drafting.
 
 The draft keeps its own paged KV cache, one pool shared by the sequences, each holding the tokens
 it last saw: at each proposal the draft forgets what the target rejected (the common prefix with
@@ -70,36 +72,42 @@ class DraftModelProposer:
         self.passes = 0  # draft forward passes run (tests and benchmarks read it)
 
     def propose(self, request_id: str, tokens: list[int], k: int) -> list[int]:
-        """At most k greedy draft tokens to follow `tokens` (the sequence's whole context); [] when
-        k < 1 or the pool cannot hold the sequence (its draft state is then dropped)."""
-        k = min(k, self.context_length - len(tokens))
-        if k < 1 or not tokens:
-            return []
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            seq = self._seqs[request_id] = _Sequence()
-        known = min(seq.known, len(tokens))
-        keep = known + _common_prefix(seq.seen[known:], tokens[known:])
-        keep = min(keep, len(tokens) - 1)  # the last token is read again: its logits give draft 1
-        del seq.seen[keep:]
-        seq.known = len(tokens)
-        if not self._reserve(seq, len(tokens) + k - 1):
-            self.release(request_id)
-            return []
-        logits = None
-        for start in range(keep, len(tokens), _CATCH_UP_CHUNK):
-            logits = self._run(seq, tokens[start : start + _CATCH_UP_CHUNK])
-        drafts: list[int] = []
-        while True:
-            row = logits[0]  # [vocab]
-            t = int(np.argmax(row))
-            if _top_probability(row, t) < self.p_min:
-                break
-            drafts.append(t)
-            if len(drafts) == k:
-                break
-            logits = self._run(seq, [t])
-        return drafts
+        """At most k greedy draft tokens to follow `tokens` (the sequence's whole context)."""
+        return self.propose_batch([(request_id, tokens, k)])[0]
+
+    def propose_batch(self, items: list[tuple[str, list[int], int]]) -> list[list[int]]:
+        """Each (request id, whole context, k)'s drafts, the sequences' passes batched: at most k
+        greedy tokens; [] where k < 1 or the pool cannot hold the sequence (its state then dropped)."""
+        out: list[list[int]] = [[] for _ in items]
+        pending: list[tuple[int, _Sequence, list[int]]] = []  # (item, sequence, tokens to read)
+        for i, (rid, tokens, k) in enumerate(items):
+            k = min(k, self.context_length - len(tokens))
+            if k < 1 or not tokens:
+                continue
+            seq = self._seqs.get(rid)
+            if seq is None:
+                seq = self._seqs[rid] = _Sequence()
+            known = min(seq.known, len(tokens))
+            keep = known + _common_prefix(seq.seen[known:], tokens[known:])
+            keep = min(keep, len(tokens) - 1)  # the last token is read again: its logits give draft 1
+            del seq.seen[keep:]
+            seq.known = len(tokens)
+            if not self._reserve(seq, len(tokens) + k - 1):
+                self.release(rid)
+                continue
+            pending.append((i, seq, tokens[keep:]))
+        rows = self._catch_up(pending)  # item -> logits [vocab] after its context
+        while rows:
+            step = []
+            for i, row in rows.items():
+                t = int(np.argmax(row))
+                if _top_probability(row, t) < self.p_min:
+                    continue
+                out[i].append(t)
+                if len(out[i]) < min(items[i][2], self.context_length - len(items[i][1])):
+                    step.append((i, self._seqs[items[i][0]], [t]))
+            rows = self._pass(step) if step else {}
+        return out
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         """Nothing to learn: the next proposal compares the draft's tokens with the context."""
@@ -119,19 +127,46 @@ class DraftModelProposer:
             seq.blocks.append(self._free.pop())
         return True
 
-    def _run(self, seq: _Sequence, ids: list[int]) -> np.ndarray:
-        """One draft pass adding `ids` at positions len(seq.seen)..; the last one's logits [1, vocab]."""
-        start, n, bs = len(seq.seen), len(ids), self.block_size
-        pos = np.arange(start, start + n, dtype=np.int32)  # [n]
-        table = np.asarray(seq.blocks, dtype=np.int32)  # [blocks]
-        batch = Batch(token_ids=np.asarray(ids, dtype=np.int32), positions=pos,
-                      seq_starts=np.array([0, n], dtype=np.int32), seq_lens=np.array([start + n], dtype=np.int32),
-                      block_tables=table[None, :], slot_mapping=table[pos // bs] * bs + pos % bs,
-                      logits_indices=np.array([n - 1], dtype=np.int32), block_size=bs)
-        logits = self.draft.forward(batch, self.kv)
-        seq.seen.extend(ids)
+    def _catch_up(self, pending: list[tuple[int, _Sequence, list[int]]]) -> dict[int, np.ndarray]:
+        """Read each sequence's unseen tokens, several sequences a pass and at most _CATCH_UP_CHUNK
+        tokens a pass (a long context over several); each item's logits after its last token."""
+        rows: dict[int, np.ndarray] = {}
+        batch, size = [], 0
+        for i, seq, ids in pending:
+            for start in range(0, len(ids), _CATCH_UP_CHUNK):
+                part = ids[start : start + _CATCH_UP_CHUNK]
+                if size + len(part) > _CATCH_UP_CHUNK:
+                    rows.update(self._pass(batch))
+                    batch, size = [], 0
+                # only a sequence's last part wants logits: an earlier one's item id is None
+                batch.append((i if start + _CATCH_UP_CHUNK >= len(ids) else None, seq, part))
+                size += len(part)
+        if batch:
+            rows.update(self._pass(batch))
+        return rows
+
+    def _pass(self, segments: list[tuple[int | None, _Sequence, list[int]]]) -> dict[int, np.ndarray]:
+        """One draft forward pass over the segments (item, sequence, ids: added at positions
+        len(seen)..); the logits [vocab] after each segment whose item is not None."""
+        bs = self.block_size
+        ids = [t for _, _, part in segments for t in part]
+        pos = np.concatenate([np.arange(len(q.seen), len(q.seen) + len(p), dtype=np.int32)
+                              for _, q, p in segments])  # [n]
+        starts = np.cumsum([0] + [len(p) for _, _, p in segments], dtype=np.int64).astype(np.int32)  # [s + 1]
+        tables = np.full((len(segments), max(len(q.blocks) for _, q, _ in segments)), -1, np.int32)  # [s, blocks]
+        for r, (_, q, _) in enumerate(segments):
+            tables[r, : len(q.blocks)] = q.blocks
+        seg = np.repeat(np.arange(len(segments)), np.diff(starts))  # [n]: each token's segment
+        want = [r for r, (i, _, _) in enumerate(segments) if i is not None]
+        batch = Batch(token_ids=np.asarray(ids, dtype=np.int32), positions=pos, seq_starts=starts,
+                      seq_lens=np.array([len(q.seen) + len(p) for _, q, p in segments], dtype=np.int32),
+                      block_tables=tables, slot_mapping=tables[seg, pos // bs] * bs + pos % bs,
+                      logits_indices=(starts[1:] - 1)[want].astype(np.int32), block_size=bs)
+        logits = self.draft.forward(batch, self.kv)  # [len(want), vocab]
+        for _, q, p in segments:
+            q.seen.extend(p)
         self.passes += 1
-        return logits
+        return {segments[r][0]: logits[j] for j, r in enumerate(want)}
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

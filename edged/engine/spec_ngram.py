@@ -142,6 +142,10 @@ class NgramProposer:
             return []
         return tokens[e : e + min(k, seq.length.next_length(n, self.spec_max))]
 
+    def propose_batch(self, items: list[tuple[str, list[int], int]]) -> list[list[int]]:
+        """propose for each (request id, tokens, k)."""
+        return [self.propose(*item) for item in items]
+
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         """How many of the request's last proposed drafts were verified and how many accepted."""
         seq = self._seqs.get(request_id)

@@ -6,6 +6,7 @@ identical, drafts accepted and rejected, every block back)."""
 import numpy as np
 import pytest
 
+from edged.engine import spec_draft
 from edged.engine.engine import Engine, EngineConfig
 from edged.engine.spec_draft import DraftModelProposer, VocabularyMismatch, check_same_vocabulary
 from edged.sampling import SamplingParams
@@ -44,6 +45,23 @@ def test_drafts_are_the_draft_models_greedy_tokens_after_rejections(pair):
         j = int(rng.integers(0, 6))
         tokens = tokens + drafts[:j] + [int(rng.integers(4, draft.vocab_size))]
     assert prop.passes < 6 * 5 + 6  # the catch-up reads the new tokens in one pass
+
+
+def test_batched_proposals_equal_single_ones_in_fewer_passes(pair, monkeypatch):
+    (_, _), (draft, _) = pair
+    monkeypatch.setattr(spec_draft, "_CATCH_UP_CHUNK", 7)  # a 20-token context takes three catch-up passes
+    rng = np.random.default_rng(1)
+    batched = DraftModelProposer(draft, 4, pool_tokens=1024, block_size=4, p_min=0.0)
+    single = DraftModelProposer(draft, 4, pool_tokens=1024, block_size=4, p_min=0.0)
+    contexts = {f"r{i}": rng.integers(4, draft.vocab_size, size=int(n)).tolist() for i, n in enumerate((3, 9, 20))}
+    for step in range(4):
+        items = [(rid, ctx, k) for (rid, ctx), k in zip(contexts.items(), (4, 1, 3))]
+        p0, s0 = batched.passes, single.passes
+        got = batched.propose_batch(items)
+        assert got == [single.propose(*it) for it in items], step
+        assert batched.passes - p0 < single.passes - s0
+        for (rid, ctx), d in zip(contexts.items(), got):  # half the drafts accepted, then a token of its own
+            contexts[rid] = ctx + d[: len(d) // 2] + [int(rng.integers(4, draft.vocab_size))]
 
 
 @pytest.mark.parametrize("p_min, drafts", [(0.0, [4, 5, 6, 7]), (0.85, [4, 5, 6, 7]), (0.95, [])])
