@@ -13,7 +13,8 @@ are summed by the fixed tree  s8[l] = a[l] + a[l+8],  s4[l] = s8[l] + s8[l+4],  
 s4[l+2],  s = s2[0] + s2[1].  No fast-math flags: LLVM may not reorder any of it, so every tile
 shape (R, T), hence every batch size, gives the same bits for the same (row, token).
 
-Tile shapes (chosen by measurement, docs/kernels.md): n = 1: 8 rows x 1 token; n = 2: 8 x 2;
+Tile shapes (chosen by measurement, docs/kernels.md): n = 1: 8 rows x 1 token (1 x 1 under the
+knob mode 1, which the tuner picks where it reads faster); n = 2: 8 x 2;
 n = 3, 4: 4 x 4; n >= 5: 4 x 6 (24 accumulators + 4 weight vectors of the 32 AVX-512 registers),
 the last n % 6 tokens by the small shapes. Rows past the
 end are clamped to the last row and tokens to the last token: such a tile computes the last
@@ -258,7 +259,7 @@ def _rows_per_task(m, row_bytes, tasks):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _matmul_body(kind, w, x, y, tasks, pf):
+def _matmul_body(kind, w, x, y, tasks, pf, mode):
     """n <= 4: one pass over the weights in tiles of 8 (n <= 2) or 4 rows, parallel over rows.
     Larger n: tasks of `rb` rows (L2-sized) parallel over rows; in each, blocks of `tb` tokens
     (L2-sized); in each block, 8 rows at a time meet all its 6-token tiles, then its n % 6 last
@@ -266,7 +267,8 @@ def _matmul_body(kind, w, x, y, tasks, pf):
     serves every token of the block while it sits in L1/L2), and later token blocks find them in L2.
     Knobs (matmul.py; neither changes a tile's arithmetic): tasks, the prange steps (0: one per 8
     rows for n <= 4, L2-sized above); pf, the prefetch distance in rows of a strip's first pass
-    (0: 8 for F16/BF16, none for F32; -1: none)."""
+    (0: 8 for F16/BF16, none for F32; -1: none); mode 1 at n = 1, one-row tiles: the weights read
+    as one ascending stream, which from DRAM beat eight rows' interleaved streams (docs/kernels.md)."""
     m = w.shape[0]
     n, k = x.shape
     if n <= 4:
@@ -274,7 +276,11 @@ def _matmul_body(kind, w, x, y, tasks, pf):
         per = 1 if tasks <= 0 else max(1, -(-groups // tasks))  # 8-row groups per task
         for g0 in nb.prange((groups + per - 1) // per):
             for g in range(g0 * per, min(groups, g0 * per + per)):
-                _tail_tokens(kind, w, x, y, 8 * g, min(m, 8 * g + 8), 0, n)
+                if n == 1 and mode == 1:
+                    for r in range(8 * g, min(m, 8 * g + 8)):
+                        tile_dot(kind, 1, 1, w, x, y, r, 0, -1)
+                else:
+                    _tail_tokens(kind, w, x, y, 8 * g, min(m, 8 * g + 8), 0, n)
         return
     rb = _rows_per_task(m, w.shape[1], tasks)
     tb = max(6, X_BLOCK_BYTES // max(1, 4 * k) // 6 * 6)  # tokens per block, a multiple of 6
@@ -303,13 +309,13 @@ def _matmul_body(kind, w, x, y, tasks, pf):
 # One kernel per type serves as both gemv and gemm: it picks its tile shapes from n.
 
 
-# knobs (tasks, pf, mode, threads): see _matmul_body and kernel_threads (mode unused); TypedKernel
+# knobs (tasks, pf, mode, threads): see _matmul_body and kernel_threads; TypedKernel
 # passes them on every call
 @nb.njit(parallel=True, nogil=True, cache=True)
 def matmul_f32(w, x, y, tasks=0, pf=0, mode=0, threads=0):
     """F32 rows: 4-byte little-endian IEEE floats."""
     prev = fewer_threads(threads)
-    _matmul_body(F32, w, x, y, tasks, pf)
+    _matmul_body(F32, w, x, y, tasks, pf, mode)
     restore_threads(prev)
 
 
@@ -317,7 +323,7 @@ def matmul_f32(w, x, y, tasks=0, pf=0, mode=0, threads=0):
 def matmul_f16(w, x, y, tasks=0, pf=0, mode=0, threads=0):
     """F16 rows: IEEE binary16, widened exactly."""
     prev = fewer_threads(threads)
-    _matmul_body(F16, w, x, y, tasks, pf)
+    _matmul_body(F16, w, x, y, tasks, pf, mode)
     restore_threads(prev)
 
 
@@ -325,7 +331,7 @@ def matmul_f16(w, x, y, tasks=0, pf=0, mode=0, threads=0):
 def matmul_bf16(w, x, y, tasks=0, pf=0, mode=0, threads=0):
     """BF16 rows: the high 16 bits of a float32, widened exactly."""
     prev = fewer_threads(threads)
-    _matmul_body(BF16, w, x, y, tasks, pf)
+    _matmul_body(BF16, w, x, y, tasks, pf, mode)
     restore_threads(prev)
 
 
@@ -336,5 +342,6 @@ def _bound(kernel):
 
 KERNELS = {T.F32: _bound(matmul_f32), T.F16: _bound(matmul_f16), T.BF16: _bound(matmul_bf16)}
 
-# knobs the tuner may try beside tasks (backends/cpu/tuning.py): gemm prefetch rows ahead (-1: none)
-KNOBS = {"gemv": {}, "gemm": {"prefetch": (-1, 16)}}
+# knobs the tuner may try beside tasks (backends/cpu/tuning.py): one-row tiles at n = 1 (mode 1), gemm
+# prefetch rows ahead (-1: none)
+KNOBS = {"n1": {"mode": (1,)}, "gemv": {}, "gemm": {"prefetch": (-1, 16)}}

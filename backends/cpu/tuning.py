@@ -279,7 +279,7 @@ def class_n(qtype, cls: int) -> int | None:
 
 
 def _knob_table(qtype) -> dict:
-    """The kernel module's KNOBS: {"gemv" | "gemm": {knob: values}} (tasks are always tried)."""
+    """The kernel module's KNOBS: {"n1" | "gemv" | "gemm": {knob: values}} (tasks are always tried)."""
     from edged.backends.cpu.matmul import kernels_for
 
     gv, _ = kernels_for(qtype)
@@ -289,8 +289,8 @@ def _knob_table(qtype) -> dict:
 
 def variants(qtype, m: int, cls: int, threads: int | None = None) -> list[Variant]:
     """The default, then one knob changed at a time: task counts (multiples of the threads, at most
-    m / 2), the kernel module's prefetch and mode values (mode only for n > 1: it groups tokens),
-    fewer threads."""
+    m / 2), the kernel module's prefetch and mode values (mode for n > 1, where it groups tokens,
+    and at n = 1 only from the module's "n1" table), fewer threads."""
     threads = threads or _threads()
     table = _knob_table(qtype).get("gemm" if cls == 2 else "gemv", {})
     out = [DEFAULT]
@@ -299,6 +299,8 @@ def variants(qtype, m: int, cls: int, threads: int | None = None) -> list[Varian
     out += [Variant(prefetch=v) for v in table.get("prefetch", ())]
     if cls > 0:
         out += [Variant(mode=v) for v in table.get("mode", ())]
+    else:  # at n = 1 only where the module names one (matmul_float: one-row tiles)
+        out += [Variant(mode=v) for v in _knob_table(qtype).get("n1", {}).get("mode", ())]
     out += [Variant(threads=t) for t in sorted({1, threads // 2}) if 0 < t < threads and (t > 1 or threads <= 8)]
     return list(dict.fromkeys(out))
 

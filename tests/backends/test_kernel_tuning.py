@@ -306,3 +306,12 @@ def test_one_spike_does_not_void_a_class(monkeypatch):
     entry = tuning.tune_class(_per_round({tuning.DEFAULT: [40.0, 1.0, 1.05], fast: [0.7, 0.72, 0.7]}),
                               [tuning.DEFAULT, fast], budget=0.0)
     assert entry["choice"] == "prefetch=4096" and "noisy" not in entry
+
+
+def test_the_n1_class_tries_mode_only_where_the_kernel_module_names_it():
+    """matmul_float's one-row tiles (mode 1) are an n = 1 variant; the legacy kernels' token
+    grouping (their mode) is not, since it groups tokens."""
+    assert tuning.Variant(mode=1) in tuning.variants(T.F16, 64, 0, threads=2)
+    assert tuning.Variant(mode=1) in tuning.variants(T.BF16, 64, 0, threads=2)
+    assert tuning.Variant(mode=1) not in tuning.variants(T.Q8_0, 64, 0, threads=2)
+    assert tuning.Variant(mode=1) in tuning.variants(T.Q8_0, 64, 1, threads=2)
