@@ -14,6 +14,7 @@ import sys
 import gguf
 import numpy as np
 from gguf.quants import dequantize
+from synth_writer import copy_fields
 
 _FLOAT = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
 
@@ -22,14 +23,8 @@ def write_f16_copy(src: str, dst: str) -> str:
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     wr = gguf.GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            wr.add_array(name, f.contents())
-        else:
-            wr.add_key_value(name, f.contents(), vt)
+    copy_fields(wr, r, lambda name: not name.startswith("GGUF.")
+                and name not in ("general.architecture", "general.file_type"))
     wr.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for t in r.tensors:
         if t.tensor_type in _FLOAT:

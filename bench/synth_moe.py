@@ -12,7 +12,7 @@ import argparse
 import gguf
 from gguf import GGMLQuantizationType as T
 
-from synth_writer import SynthTensors
+from synth_writer import SynthTensors, copy_fields
 
 N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF_EXP = 1024, 16, 4, 64, 1024
 
@@ -20,19 +20,8 @@ N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF_EXP = 1024, 16, 4, 64, 1024
 def _copy_tokenizer(wr: gguf.GGUFWriter, src: str) -> int:
     """Copy every tokenizer.* key of `src` into `wr`; returns the vocabulary size."""
     r = gguf.GGUFReader(src)
-    n_vocab = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            vals = f.contents()
-            wr.add_array(name, vals)
-            if name == "tokenizer.ggml.tokens":
-                n_vocab = len(vals)
-        else:
-            wr.add_key_value(name, f.contents(), vt)
-    return n_vocab
+    copy_fields(wr, r, lambda name: name.startswith("tokenizer."))
+    return len(r.fields["tokenizer.ggml.tokens"].data)
 
 
 def write(path: str, tokenizer_from: str, n_layers: int = 24, n_expert: int = 32, top_k: int = 4,

@@ -7,6 +7,17 @@ import numpy as np
 from edged.quant.synth import random_qtensor
 
 
+def copy_fields(wr: gguf.GGUFWriter, reader: gguf.GGUFReader, keep) -> None:
+    """Copy the metadata fields of `reader` whose names keep(name) accepts into `wr`, typed as read."""
+    for name, f in reader.fields.items():
+        if not keep(name):
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            wr.add_array(name, f.contents())
+        else:
+            wr.add_key_value(name, f.contents(), f.types[0])
+
+
 class SynthTensors:
     """Adds random tensors to `wr` (each from its own seed drawn from `seed`), then writes the file."""
 

@@ -74,6 +74,7 @@ def _engine_backend(model, chat_template, ctx, backend, gpu_layers, kv_type):
 
     if ctx < 16:
         raise click.BadParameter("must be at least 16", param_hint="--ctx")
-    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, kv_type=kv_type)
+    lm = _load(load, model, chat_template=chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx,
+               kv_type=kv_type)
     return EngineBackend(lm, ctx)
 

@@ -49,7 +49,8 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
                                 seed=seed, logprobs=logprobs, max_tokens=max_tokens)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    lm = _load(load, model, chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx, kv_type=kv_type)
+    lm = _load(load, model, chat_template=chat_template, backend=backend, gpu_layers=gpu_layers, kv_tokens=ctx,
+               kv_type=kv_type)
     tok = lm.tokenizer
     if prompt_ids is not None:
         ids = _parse_ids(prompt_ids)
@@ -58,8 +59,7 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
         ids = tok.encode(text, add_special=True, parse_special=True)
     kv = plan_kv(lm.model, 16, ctx=ctx, max_seqs=1, max_batch_tokens=512)
     spec = spec_setting(spec, draft)
-    draft_model = _load(lambda m, chat_template, **kw: load_draft(m, tok, **kw), draft, None,
-                        backend=backend, kv_type=kv_type) if draft else None
+    draft_model = _load(load_draft, draft, tok, backend=backend, kv_type=kv_type) if draft else None
     engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1, spec=spec,
                                                           spec_max=spec_max, spec_p_min=draft_p_min),
                     draft=draft_model).start()
@@ -107,10 +107,11 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
                    f"{n_gen} generated at {timings['generated_tokens_per_s']:.1f} tok/s]", err=True)
 
 
-def _load(load, model, chat_template, **placement):
+def _load(load, *args, **options):
+    """load(*args, **options) (a model), its errors as a clean command-line error."""
     from edged.quant import GGUFError
 
     try:
-        return load(model, chat_template=chat_template, **placement)
+        return load(*args, **options)
     except (GGUFError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None

@@ -503,18 +503,17 @@ class Engine:
         ones without a grammar (constrained requests never speculate: their drafts would need the
         matcher's mask at every draft position) that did not opt out (params.speculative)."""
         spec, max_len = self.spec, self.max_len
-        asks = []
+        asks = []  # (request, drafts it may verify)
         for req in self.scheduler.running:
+            req.spec_tokens = []
             live = self._live[req.request_id]
             k = draft_room(req, spec.spec_max, max_len)
-            if k and (live.constraint is not None or not live.params.speculative):
-                k = 0
-            req.spec_tokens = []
-            if k:
+            if k and live.constraint is None and live.params.speculative:
                 asks.append((req, k))
-        drafts = spec.propose_batch([(r.request_id, r.token_ids, k) for r, k in asks]) if asks else []
-        for (req, _), d in zip(asks, drafts):
-            req.spec_tokens = d
+        if asks:
+            drafts = spec.propose_batch([(r.request_id, r.token_ids, k) for r, k in asks])
+            for (req, _), d in zip(asks, drafts):
+                req.spec_tokens = d
 
     def _verify(self, live: _Live, first, rows: np.ndarray) -> list:
         """The tokens of a request whose step verified drafts: `first` (sampled after its last

@@ -79,9 +79,10 @@ class DraftModelProposer:
         """Each (request id, whole context, k)'s drafts, the sequences' passes batched: at most k
         greedy tokens; [] where k < 1 or the pool cannot hold the sequence (its state then dropped)."""
         out: list[list[int]] = [[] for _ in items]
+        limits = [min(k, self.context_length - len(tokens)) for _, tokens, k in items]  # drafts each may get
         pending: list[tuple[int, _Sequence, list[int]]] = []  # (item, sequence, tokens to read)
-        for i, (rid, tokens, k) in enumerate(items):
-            k = min(k, self.context_length - len(tokens))
+        for i, (rid, tokens, _) in enumerate(items):
+            k = limits[i]
             if k < 1 or not tokens:
                 continue
             seq = self._seqs.get(rid)
@@ -104,7 +105,7 @@ class DraftModelProposer:
                 if _top_probability(row, t) < self.p_min:
                     continue
                 out[i].append(t)
-                if len(out[i]) < min(items[i][2], self.context_length - len(items[i][1])):
+                if len(out[i]) < limits[i]:
                     step.append((i, self._seqs[items[i][0]], [t]))
             rows = self._pass(step) if step else {}
         return out
