@@ -3,7 +3,7 @@
 Each superblock of the two rows is unpacked once in registers (never stored) and multiplied, for
 every token, as unsigned bytes by the signed activation bytes with one vpdpbusd per 64 elements;
 the int32 lanes are summed exactly into per-block (per-16 for Q6_K / Q3_K / Q2_K) dots, and the
-two rows' float work shares 16-lane vectors (row 0 in lanes 0-7, row 1 in 8-15). The per-32 types
+two rows' float work shares 16-lane vectors (8 blocks each, in _TREE_LANES order). The per-32 types
 use a gemv layout of 4 blocks per vector (kquant_unpack's _il unpackers, the activations permuted
 alike by interleave_blocks), so two vpdpbusd accumulate 4 blocks. Lane by lane the float work is
 the gemm tile's (kquant_gemm_tile), so a token's output never depends on its batch.
@@ -24,9 +24,6 @@ from edged.backends.cpu.vector_ir import (
 
 GEMV_TOKENS = 4  # most tokens per rows-dot call (the weights are unpacked once for all of them)
 
-_EV16, _OD16 = list(range(0, 32, 2)), list(range(1, 32, 2))  # even / odd lanes of two 16-lane vectors
-_EV8, _OD8 = list(range(0, 16, 2)), list(range(1, 16, 2))
-
 
 def _halve(builder, a, b):
     """Lane i of the result = lanes 2i + 2i+1 of concat(a, b) (integer adds: exact)."""
@@ -46,12 +43,29 @@ def _group_sums(builder, d, levels):
     return g
 
 
+# The block terms' lane order: lane L holds row L % 2's block (0, 4, 2, 6)[L % 8 // 2] + L // 8, so
+# each level of the canonical tree adds a vector's upper half to its lower half (no lane permutes)
+_TREE_LANES = [(L % 2, (0, 4, 2, 6)[L % 8 // 2] + L // 8) for L in range(16)]  # (row, block)
+_TERM_PAIRS = [16 * r + 2 * b for r, b in _TREE_LANES]  # a per-16 pair's first lane in concat(row 0, row 1)
+_TERM_BLOCKS = [b for _, b in _TREE_LANES]
+_TERM_ROWS8 = [8 * r + b for r, b in _TREE_LANES]  # in concat of two rows' 8-lane vectors
+
+
 def _tree8x2(builder, w):
     """The canonical superblock tree ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7)) of both
-    8-lane halves of a 16-lane float vector at once -> 2 lanes (the gemm tile's adds, lane by lane)."""
-    p = builder.fadd(shuf(builder, w, _EV8), shuf(builder, w, _OD8))  # [8]
-    q = builder.fadd(shuf(builder, p, (0, 2, 4, 6)), shuf(builder, p, (1, 3, 5, 7)))  # [4]
-    return builder.fadd(shuf(builder, q, (0, 2)), shuf(builder, q, (1, 3)))  # [2]
+    rows' 8 block terms at once, w [16] in _TREE_LANES order -> 2 lanes (row 0, row 1): the gemm
+    tile's adds, lane by lane."""
+    p = builder.fadd(shuf(builder, w, range(8)), shuf(builder, w, range(8, 16)))  # [8]
+    q = builder.fadd(shuf(builder, p, range(4)), shuf(builder, p, range(4, 8)))  # [4]
+    return builder.fadd(shuf(builder, q, (0, 1)), shuf(builder, q, (2, 3)))  # [2]
+
+
+def _pair_sums(builder, a, b, fadd):
+    """[16] sums of the per-16 (or per-32 half) lane pairs of rows a, b (16 lanes each: block j's
+    pair at lanes 2j, 2j + 1), in _TREE_LANES order."""
+    ev = shuf(builder, a, _TERM_PAIRS, b)
+    od = shuf(builder, a, [i + 1 for i in _TERM_PAIRS], b)
+    return builder.fadd(ev, od) if fadd else builder.add(ev, od)
 
 
 def _int_dots(builder, family, qv, xv):
@@ -66,27 +80,23 @@ def _int_dots(builder, family, qv, xv):
 
 
 def _block_terms(builder, family, g, rows, xav, xbv):
-    """[16] float block terms (row 0's 8 blocks, then row 1's), op for op the gemm tile's:
+    """[16] float block terms of both rows' 8 blocks in _TREE_LANES order, op for op the gemm tile's:
     s16i  xd · (float(lo - B·X_lo) · s_lo + float(hi - B·X_hi) · s_hi)
     s16   (lo · (xd · s_lo) + hi · (xd · s_hi)) + (c_lo · xb_lo + c_hi · xb_hi)
     s32   S · (xd · s) + c · (xd · xs)."""
     if family == "s16i":
         xbi = builder.bitcast(xbv, V16I32)
         p = [builder.fmul(builder.sitofp(builder.sub(g[r], xbi), V16F), rows[r][0]) for r in range(2)]
-        v = builder.fadd(shuf(builder, p[0], _EV16, p[1]), shuf(builder, p[0], _OD16, p[1]))
-        return builder.fmul(shuf(builder, xav, _EV8 * 2), v)
+        return builder.fmul(shuf(builder, xav, [2 * b for b in _TERM_BLOCKS]), _pair_sums(builder, p[0], p[1], True))
     if family == "s16":
         p = [builder.fmul(builder.sitofp(g[r], V16F), builder.fmul(xav, rows[r][0])) for r in range(2)]
         q = [builder.fmul(rows[r][1], xbv) for r in range(2)]
-        v = builder.fadd(shuf(builder, p[0], _EV16, p[1]), shuf(builder, p[0], _OD16, p[1]))
-        bias = builder.fadd(shuf(builder, q[0], _EV16, q[1]), shuf(builder, q[0], _OD16, q[1]))
-        return builder.fadd(v, bias)
-    sums = builder.sitofp(_halve(builder, g[0], g[1]), V16F)  # [16] block dots
-    two = list(range(8)) * 2
-    s16 = shuf(builder, rows[0][0], range(16), rows[1][0])
-    c16 = shuf(builder, rows[0][1], range(16), rows[1][1])
-    v = builder.fmul(sums, builder.fmul(shuf(builder, xav, two), s16))
-    return builder.fadd(v, builder.fmul(c16, shuf(builder, xbv, two)))
+        return builder.fadd(_pair_sums(builder, p[0], p[1], True), _pair_sums(builder, q[0], q[1], True))
+    sums = builder.sitofp(_pair_sums(builder, g[0], g[1], False), V16F)  # [16] block dots
+    s16 = shuf(builder, rows[0][0], _TERM_ROWS8, rows[1][0])
+    c16 = shuf(builder, rows[0][1], _TERM_ROWS8, rows[1][1])
+    v = builder.fmul(sums, builder.fmul(shuf(builder, xav, _TERM_BLOCKS), s16))
+    return builder.fadd(v, builder.fmul(c16, shuf(builder, xbv, _TERM_BLOCKS)))
 
 
 def _emit_rows_dot(context, builder, signature, args, kind, nt):
