@@ -48,6 +48,7 @@ def _group_sums(builder, d, levels):
 _TREE_LANES = [(L % 2, (0, 4, 2, 6)[L % 8 // 2] + L // 8) for L in range(16)]  # (row, block)
 _TERM_PAIRS = [16 * r + 2 * b for r, b in _TREE_LANES]  # a per-16 pair's first lane in concat(row 0, row 1)
 _TERM_BLOCKS = [b for _, b in _TREE_LANES]
+_TERM_HALVES = [2 * b for b in _TERM_BLOCKS]  # a block's first per-16 half
 _TERM_ROWS8 = [8 * r + b for r, b in _TREE_LANES]  # in concat of two rows' 8-lane vectors
 
 
@@ -87,7 +88,7 @@ def _block_terms(builder, family, g, rows, xav, xbv):
     if family == "s16i":
         xbi = builder.bitcast(xbv, V16I32)
         p = [builder.fmul(builder.sitofp(builder.sub(g[r], xbi), V16F), rows[r][0]) for r in range(2)]
-        return builder.fmul(shuf(builder, xav, [2 * b for b in _TERM_BLOCKS]), _pair_sums(builder, p[0], p[1], True))
+        return builder.fmul(shuf(builder, xav, _TERM_HALVES), _pair_sums(builder, p[0], p[1], True))
     if family == "s16":
         p = [builder.fmul(builder.sitofp(g[r], V16F), builder.fmul(xav, rows[r][0])) for r in range(2)]
         q = [builder.fmul(rows[r][1], xbv) for r in range(2)]

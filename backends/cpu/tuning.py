@@ -292,7 +292,8 @@ def variants(qtype, m: int, cls: int, threads: int | None = None) -> list[Varian
     m / 2), the kernel module's prefetch and mode values (mode for n > 1, where it groups tokens,
     and at n = 1 only from the module's "n1" table), fewer threads."""
     threads = threads or _threads()
-    table = _knob_table(qtype).get("gemm" if cls == 2 else "gemv", {})
+    knobs = _knob_table(qtype)
+    table = knobs.get("gemm" if cls == 2 else "gemv", {})
     out = [DEFAULT]
     for t in sorted({min(max(1, m // 2), f * threads) for f in TASK_FACTORS}):
         out.append(Variant(tasks=t))
@@ -300,7 +301,7 @@ def variants(qtype, m: int, cls: int, threads: int | None = None) -> list[Varian
     if cls > 0:
         out += [Variant(mode=v) for v in table.get("mode", ())]
     else:  # at n = 1 only where the module names one (matmul_float: one-row tiles)
-        out += [Variant(mode=v) for v in _knob_table(qtype).get("n1", {}).get("mode", ())]
+        out += [Variant(mode=v) for v in knobs.get("n1", {}).get("mode", ())]
     out += [Variant(threads=t) for t in sorted({1, threads // 2}) if 0 < t < threads and (t > 1 or threads <= 8)]
     return list(dict.fromkeys(out))
 
