@@ -18,8 +18,11 @@ _OP_GROUP = {
     "silu_mul": "norms/rope/act", "softcap": "norms/rope/act", "add": "norms/rope/act",
     "scale": "norms/rope/act", "embed": "embed", "rope_store_kv": "norms/rope/act",  # + the KV store
     "matmuls": "matmul layers", "moe_matmul": "matmul layers", "moe_ffn_step": "matmul layers",
+    "moe_block_step": "matmul layers", "swiglu_oai_mul": "norms/rope/act",
     "moe_combine": "norms/rope/act",  # a MoE layer's experts, their sum
 }
+# the ops per_step_ms reports, in order; a timed op of no group counts in "other ops"
+_OPS = ("matmul layers", "matmul output", "attention block", "attention", "norms/rope/act", "embed", "other ops")
 
 
 class _TimedOps:
@@ -42,7 +45,7 @@ class _TimedOps:
             if name == "matmul":
                 key = "matmul output" if getattr(args[0], "name", None) == out_name else "matmul layers"
             else:
-                key = _OP_GROUP.get(name, name)
+                key = _OP_GROUP.get(name, "other ops")
             acc[key] += dt
             calls[key] += 1
             return r
@@ -62,8 +65,9 @@ class StepProfiler:
     """Accumulates seconds per phase over the steps an engine runs while attached (an
     edged.engine.engine.StepTimer).
 
-    Phases: schedule, build_batch, forward (split into matmul layers / matmul output / attention /
-    norms/rope/act / embed / forward python, plus the estimated cost of the profiler's own clock
+    Phases: schedule, build_batch, forward (split into matmul layers / matmul output / attention
+    block (a decode step's fused attention) / attention / norms/rope/act / embed / other ops (batch
+    uploads, copies) / forward python, plus the estimated cost of the profiler's own clock
     readings), update, sample and deliver; step total is their sum.
     """
 
@@ -131,7 +135,7 @@ class StepProfiler:
     def per_step_ms(self) -> dict[str, float]:
         """Milliseconds per step of each phase (forward split into its ops)."""
         a, n = self.acc, max(self.steps, 1)
-        ops = ("matmul layers", "matmul output", "attention", "norms/rope/act", "embed")
+        ops = _OPS
         # each timed op carries about one clock reading inside its interval and one outside it
         c = self.clock_cost
         out = {k: max(a.get(k, 0.0) - c * self.calls.get(k, 0), 0.0) for k in ops}
