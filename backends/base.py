@@ -198,6 +198,12 @@ class LayerKV:
         return int(self.k.shape[1])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of K and V (and their q8_0 scales)."""
+        planes = (self.k, self.v, self.k_scale, self.v_scale)
+        return sum(int(p.nbytes) for p in planes if p is not None)
+
+    @property
     def kv_type(self) -> str:
         """"f32", "f16" or "q8_0", from the element type of k."""
         return {"float32": "f32", "float16": "f16", "int8": "q8_0"}[str(self.k.dtype)]

@@ -53,7 +53,7 @@ def backend_options(f):
 
 
 def spec_options(f=None, *, envvar_prefix: str | None = None):
-    """--spec, --spec-max, --draft and --draft-p-min: speculative decoding (edged.engine.spec_ngram,
+    """--spec, --spec-max, --draft, --draft-p-min and --spec-adaptive: speculative decoding (edged.engine.spec_ngram,
     spec_draft). envvar_prefix: also read EDGED_SPEC etc. (`edged serve`, whose every flag is a
     variable)."""
     if f is None:  # used as @spec_options(envvar_prefix="EDGED_")
@@ -74,6 +74,10 @@ def spec_options(f=None, *, envvar_prefix: str | None = None):
                      envvar=f"{envvar_prefix}DRAFT_P_MIN" if envvar_prefix else None, **env,
                      help="The draft stops proposing where its top token's probability is below this "
                           "(0: it proposes --spec-max tokens every step)."),
+        click.option("--spec-adaptive/--spec-always", default=True, show_default=True,
+                     envvar=f"{envvar_prefix}SPEC_ADAPTIVE" if envvar_prefix else None, **env,
+                     help="Draft only at the batch sizes where decode steps with drafts measured "
+                          "faster than those without (--spec-always: at every step)."),
     ]):
         f = opt(f)
     return f

@@ -34,7 +34,7 @@ def _parse_ids(text: str) -> list[int]:
 @spec_options
 def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, min_p, seed,
             logprobs, chat, chat_template, as_json, ctx, kv_type, backend, gpu_layers, spec, spec_max, draft,
-            draft_p_min):
+            draft_p_min, spec_adaptive):
     """Generate a continuation of a prompt."""
     from edged.engine.engine import Engine, EngineConfig
     from edged.engine.sizing import plan_kv
@@ -59,9 +59,10 @@ def command(model, prompt, prompt_ids, max_tokens, temperature, top_k, top_p, mi
         ids = tok.encode(text, add_special=True, parse_special=True)
     kv = plan_kv(lm.model, 16, ctx=ctx, max_seqs=1, max_batch_tokens=512)
     spec = spec_setting(spec, draft)
-    draft_model = _load(load_draft, draft, tok, backend=backend, kv_type=kv_type) if draft else None
+    draft_model = _load(load_draft, draft, tok, backend=backend, kv_type=kv_type).model if draft else None
     engine = Engine(lm.model, tok, EngineConfig.from_plan(kv, max_batch_tokens=512, max_seqs=1, spec=spec,
-                                                          spec_max=spec_max, spec_p_min=draft_p_min),
+                                                          spec_max=spec_max, spec_p_min=draft_p_min,
+                                                          spec_adaptive=spec_adaptive),
                     draft=draft_model).start()
     try:
         t0 = time.perf_counter()

@@ -93,7 +93,7 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, kv_ty
             no_prefix_cache, model_alias, api_key, api_key_file, cors_origin, allowed_host,
             max_queue, drain_timeout, body_timeout, stream_stall_timeout, log_level, insecure, chat_template, reasoning_format,
             max_body_bytes, backend, gpu_layers, keep_alive, load_timeout, max_loaded_models,
-            max_memory, preload, pooling, spec, spec_max, draft, draft_p_min):
+            max_memory, preload, pooling, spec, spec_max, draft, draft_p_min, spec_adaptive):
     """Serve MODEL (a .gguf path or a store name, loaded at start) over an OpenAI-compatible API.
     Without MODEL, serve every model of the store, each loaded on first use (an empty store:
     the installed Gemma 3 270M, loaded at start)."""
@@ -127,7 +127,7 @@ def command(model, host, port, ctx, max_seqs, max_batch_tokens, kv_memory, kv_ty
             backend=backend, gpu_layers=gpu_layers, keep_alive=keep_alive_s,
             load_timeout=load_timeout, max_loaded_models=max_loaded_models, max_memory=max_memory,
             preload=_split(preload), pooling=pooling, spec=spec_setting(spec, draft), spec_max=spec_max,
-            draft=draft, draft_p_min=draft_p_min)
+            draft=draft, draft_p_min=draft_p_min, spec_adaptive=spec_adaptive)
         config.validate()
         if kv_memory is not None:
             from edged.engine.sizing import parse_memory

@@ -27,6 +27,7 @@ from edged.engine.runner import StepRows, build_batch
 from edged.engine.scheduler import Scheduler
 from edged.engine.sizing import KVPlan, available_memory, kv_layout, window_blocks_needed, window_pool_blocks
 from edged.engine.spec_draft import P_MIN, DraftModelProposer
+from edged.engine.spec_governor import SpecGovernor
 from edged.engine.spec_ngram import NgramProposer, draft_room
 from edged.engine.stream import Delta, Outbox, RequestStream
 from edged.kv.block_pool import BlockPool
@@ -57,6 +58,8 @@ class EngineConfig:
     spec_max: int = 8
     # "draft": the draft stops where its top probability falls below this (spec_draft.P_MIN)
     spec_p_min: float = P_MIN
+    # draft only at the batch sizes where drafting measured faster (edged.engine.spec_governor)
+    spec_adaptive: bool = True
 
     @classmethod
     def from_plan(cls, plan: KVPlan, **settings) -> "EngineConfig":
@@ -95,6 +98,7 @@ class EngineStats:
     embedding_tokens: int = 0  # their prompt tokens
     spec_draft_tokens: int = 0  # draft tokens verified (speculative decoding)
     spec_accepted_tokens: int = 0  # of those, the ones the model's own choice confirmed
+    spec_skipped_steps: int = 0  # decode steps the governor ran without drafts (spec_adaptive)
 
 
 class StepTimer(Protocol):
@@ -144,6 +148,12 @@ def _check_host_memory(need: int) -> None:
                          "available: lower --ctx or --max-seqs, or set --kv-memory")
 
 
+def _decode_only(step, batch: int) -> bool:
+    """Whether a scheduled step runs just `batch` decoding sequences: each its next token and
+    the drafts it verifies, no prompt chunk."""
+    return len(step.items) == batch and all(n == 1 + len(req.spec_tokens) for req, n in step.items)
+
+
 def _proposer(model, config: EngineConfig, draft):
     """config.spec's draft proposer (None: no speculation)."""
     if config.spec not in (None, "ngram", "draft"):
@@ -182,6 +192,8 @@ class Engine:
         self.masks = StepMasks(model.vocab_size)  # grammar masks of constrained rows
         self.spec = _proposer(model, config, draft)
         self._spec_drafted = self._spec_accepted = 0
+        self.governor = SpecGovernor() if self.spec is not None and config.spec_adaptive else None
+        self._governed: tuple[int, bool, int] | None = None  # this step's (batch, drafted, accepted before)
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox = Outbox()  # this step's deltas, flushed once per step (engine thread only)
@@ -324,7 +336,8 @@ class Engine:
             kv_type=lay.kv_type,
             nonfinite_rows=self._nonfinite_rows, embedding_inputs=self._embedding_inputs,
             embedding_tokens=self._embedding_tokens, spec_draft_tokens=self._spec_drafted,
-            spec_accepted_tokens=self._spec_accepted)
+            spec_accepted_tokens=self._spec_accepted,
+            spec_skipped_steps=self.governor.skipped if self.governor is not None else 0)
 
     def generate(self, prompt_ids, params: SamplingParams) -> list[Delta]:
         """Blocking convenience: run one request to completion (engine must be started)."""
@@ -386,6 +399,8 @@ class Engine:
         if self.spec is not None:
             self._propose_drafts()
         step = self.scheduler.schedule()
+        if self._governed is not None and not _decode_only(step, self._governed[0]):
+            self._governed = None  # a prompt chunk joined: not the governor's kind of step
         timer.phase("schedule")
         self._in_flight = {req.request_id: n for req, n in step.items}  # replaced whole: stats() reads it
         if not step.items:
@@ -426,6 +441,10 @@ class Engine:
             timer.phase("deliver")
         self._steps += 1
         self._last_step_s = time.perf_counter() - t0
+        if self._governed is not None:  # tell the governor what the decode step it decided yielded
+            batch, drafted, accepted = self._governed
+            self._governed = None
+            self.governor.record(batch, drafted, batch + self._spec_accepted - accepted, self._last_step_s)
 
     def _prefill_outputs(self, step, rows: StepRows, logits: np.ndarray, hidden) -> None:
         """Prompt scores and pooled hidden states of this step's chunks; then the prefill-only
@@ -502,14 +521,27 @@ class Engine:
         """Set each running request's drafts for this step (spec_ngram, spec_draft): decoding
         ones without a grammar (constrained requests never speculate: their drafts would need the
         matcher's mask at every draft position) that did not opt out (params.speculative)."""
-        spec, max_len = self.spec, self.max_len
+        spec, max_len, running = self.spec, self.max_len, self.scheduler.running
         asks = []  # (request, drafts it may verify)
-        for req in self.scheduler.running:
+        decoding = 0
+        for req in running:
             req.spec_tokens = []
             live = self._live[req.request_id]
             k = draft_room(req, spec.spec_max, max_len)
+            decoding += req.num_tokens - req.num_computed_tokens == 1
             if k and live.constraint is None and live.params.speculative:
                 asks.append((req, k))
+        self._governed = None
+        if asks and self.governor is not None:
+            joining = min(len(self.scheduler.waiting), self.scheduler.max_seqs - len(running))
+            if decoding < len(running) or joining > 0:  # prompt chunks too: the figures say, unmeasured
+                if not self.governor.prefers_drafts(len(running) + joining):
+                    return
+            else:
+                drafting = self.governor.drafting(len(running))
+                self._governed = (len(running), drafting, self._spec_accepted)
+                if not drafting:
+                    return
         if asks:
             drafts = spec.propose_batch([(r.request_id, r.token_ids, k) for r, k in asks])
             for (req, _), d in zip(asks, drafts):

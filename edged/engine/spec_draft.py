@@ -21,7 +21,7 @@ from edged.backends.base import Batch
 # --draft-p-min's default: never stop early. llama.cpp's 0.8 (0.75 here) took a 135M draft's speedup
 # from 1.66x to 1.0x: so small a model is rarely that sure, yet usually right (docs/SERVER.md)
 P_MIN = 0.0
-_CATCH_UP_CHUNK = 512  # tokens the draft reads per pass when it catches up with a context
+CATCH_UP_CHUNK = 512  # tokens the draft reads per pass when it catches up with a context
 
 
 class VocabularyMismatch(ValueError):
@@ -70,6 +70,11 @@ class DraftModelProposer:
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: pop() gives the lowest id
         self._seqs: dict[str, _Sequence] = {}
         self.passes = 0  # draft forward passes run (tests and benchmarks read it)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the draft's KV pool."""
+        return sum(layer.nbytes for layer in self.kv)
 
     def propose(self, request_id: str, tokens: list[int], k: int) -> list[int]:
         """At most k greedy draft tokens to follow `tokens` (the sequence's whole context)."""
@@ -129,18 +134,18 @@ class DraftModelProposer:
         return True
 
     def _catch_up(self, pending: list[tuple[int, _Sequence, list[int]]]) -> dict[int, np.ndarray]:
-        """Read each sequence's unseen tokens, several sequences a pass and at most _CATCH_UP_CHUNK
+        """Read each sequence's unseen tokens, several sequences a pass and at most CATCH_UP_CHUNK
         tokens a pass (a long context over several); each item's logits after its last token."""
         rows: dict[int, np.ndarray] = {}
         batch, size = [], 0
         for i, seq, ids in pending:
-            for start in range(0, len(ids), _CATCH_UP_CHUNK):
-                part = ids[start : start + _CATCH_UP_CHUNK]
-                if size + len(part) > _CATCH_UP_CHUNK:
+            for start in range(0, len(ids), CATCH_UP_CHUNK):
+                part = ids[start : start + CATCH_UP_CHUNK]
+                if size + len(part) > CATCH_UP_CHUNK:
                     rows.update(self._pass(batch))
                     batch, size = [], 0
                 # only a sequence's last part wants logits: an earlier one's item id is None
-                batch.append((i if start + _CATCH_UP_CHUNK >= len(ids) else None, seq, part))
+                batch.append((i if start + CATCH_UP_CHUNK >= len(ids) else None, seq, part))
                 size += len(part)
         if batch:
             rows.update(self._pass(batch))
@@ -185,7 +190,8 @@ def _top_probability(row: np.ndarray, top: int) -> float:
 
 def load_draft(name: str, target_tokenizer, **load_options):
     """The draft model `name` (a .gguf path or a store name, as edged.loader.load takes it), loaded
-    with load_options and checked against the target's tokenizer (VocabularyMismatch)."""
+    with load_options and checked against the target's tokenizer (VocabularyMismatch): an
+    edged.loader.LoadedModel (the engine takes its .model)."""
     from edged.loader import load
 
     lm = load(name, **load_options)
@@ -193,4 +199,4 @@ def load_draft(name: str, target_tokenizer, **load_options):
         check_same_vocabulary(target_tokenizer, lm.tokenizer)
     except VocabularyMismatch as e:
         raise VocabularyMismatch(f"draft model {name}: {e}") from None
-    return lm.model
+    return lm

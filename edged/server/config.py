@@ -65,6 +65,7 @@ class ServerConfig:
     spec_max: int = 8  # draft tokens verified per sequence and step
     draft: str | None = None  # spec "draft": the draft model (a .gguf path or a store name)
     draft_p_min: float = 0.0  # the draft stops below this top-token probability (0: never)
+    spec_adaptive: bool = True  # draft only at batch sizes where it measured faster (spec_governor)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:

@@ -231,7 +231,8 @@ class ModelManager:
         """Register a slot whose engine already runs (its estimate taken from the live model)."""
         if slot.estimate is None:
             model = slot.engine.model
-            slot.estimate = estimate(model, _file_size(slot.model_path), slot.plan_kv(model), self.config)
+            slot.estimate = estimate(model, _file_size(slot.model_path), slot.plan_kv(model), self.config,
+                                     slot.draft_bytes)
         return self.add(slot)
 
     # -- room ---------------------------------------------------------------------------------

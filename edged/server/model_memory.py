@@ -18,14 +18,16 @@ class MemoryEstimate:
     weights: int
     kv: int
     workspace: int
+    draft: int = 0  # --draft's model: its weights, KV pool and workspace
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.workspace
+        return self.weights + self.kv + self.workspace + self.draft
 
     def describe(self) -> str:
+        draft = f" + draft model {fmt_bytes(self.draft)}" if self.draft else ""
         return (f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)} + KV {fmt_bytes(self.kv)}"
-                f" + workspace {fmt_bytes(self.workspace)})")
+                f" + workspace {fmt_bytes(self.workspace)}{draft})")
 
 
 def fmt_bytes(n: float) -> str:
@@ -46,10 +48,19 @@ def workspace_bytes(model, max_batch_tokens: int, max_seqs: int) -> int:
     return _WORKSPACE_FIXED + max_batch_tokens * per_token + 2 * 4 * max_seqs * model.vocab_size
 
 
-def estimate(model, file_bytes: int, kv_plan, config) -> MemoryEstimate:
-    """The estimate for `model` (built over the mapped file: nothing is copied) under `config`."""
+def estimate(model, file_bytes: int, kv_plan, config, draft_bytes: int = 0) -> MemoryEstimate:
+    """The estimate for `model` (built over the mapped file: nothing is copied) under `config`,
+    with draft_bytes for a draft model beside it (draft_model_bytes)."""
     return MemoryEstimate(file_bytes, kv_plan.nbytes,
-                          workspace_bytes(model, config.max_batch_tokens, config.max_seqs))
+                          workspace_bytes(model, config.max_batch_tokens, config.max_seqs), draft_bytes)
+
+
+def draft_model_bytes(draft, file_bytes: int, proposer, max_seqs: int) -> int:
+    """A draft model's memory: its file (weights), its proposer's KV pool (spec_draft) and a
+    workspace for its widest pass (a catch-up chunk) with a logits row per sequence."""
+    from edged.engine.spec_draft import CATCH_UP_CHUNK
+
+    return file_bytes + proposer.kv_bytes + workspace_bytes(draft, CATCH_UP_CHUNK, max_seqs)
 
 
 def estimate_file(path: str, plan_kv, config) -> MemoryEstimate:

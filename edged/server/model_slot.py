@@ -37,6 +37,7 @@ class ModelSlot:
         self.chat = None
         self.error: str | None = None  # the last failed load
         self.estimate = None  # edged.server.model_memory.MemoryEstimate, before loading
+        self.draft_bytes = 0  # --draft's model beside this one (model_memory.draft_model_bytes)
         self.in_flight = 0  # engine sequences submitted by routes and not yet finished
         self.holds = 0  # HTTP requests using this slot (a held slot is never evicted)
         self.live_ids: set[str] = set()  # request ids in the engine (aborted on drain timeout)
@@ -96,7 +97,11 @@ class ModelSlot:
             from edged.engine.spec_draft import load_draft
 
             draft = load_draft(c.draft, lm.tokenizer, warmup=c.warmup, backend=c.backend, kv_type=c.kv_type)
-        self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path), draft=draft)
+        self.attach(lm.model, lm.tokenizer, lm.chat, str(lm.path), draft=draft.model if draft else None)
+        if draft is not None:
+            from edged.server.model_memory import draft_model_bytes
+
+            self.draft_bytes = draft_model_bytes(draft.model, draft.gguf.file_size, self.engine.spec, c.max_seqs)
         return time.monotonic() - t0
 
     def _kv_tokens(self, model):
@@ -126,7 +131,8 @@ class ModelSlot:
         kv = self.plan_kv(model)
         ecfg = engine_config_cls.from_plan(kv, max_batch_tokens=c.max_batch_tokens, max_seqs=c.max_seqs,
                                            enable_prefix_cache=c.prefix_cache, max_model_len=ctx,
-                                           spec=c.spec, spec_max=c.spec_max, spec_p_min=c.draft_p_min)
+                                           spec=c.spec, spec_max=c.spec_max, spec_p_min=c.draft_p_min,
+                                           spec_adaptive=c.spec_adaptive)
         # forward passes on the one compute thread: one OpenMP team for all models (compute_thread)
         drafts = {"draft": SharedForward(draft)} if draft is not None else {}
         self.engine = engine_cls(SharedForward(model), tokenizer, ecfg, **drafts).start()

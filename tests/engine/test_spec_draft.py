@@ -49,7 +49,7 @@ def test_drafts_are_the_draft_models_greedy_tokens_after_rejections(pair):
 
 def test_batched_proposals_equal_single_ones_in_fewer_passes(pair, monkeypatch):
     (_, _), (draft, _) = pair
-    monkeypatch.setattr(spec_draft, "_CATCH_UP_CHUNK", 7)  # a 20-token context takes three catch-up passes
+    monkeypatch.setattr(spec_draft, "CATCH_UP_CHUNK", 7)  # a 20-token context takes three catch-up passes
     rng = np.random.default_rng(1)
     batched = DraftModelProposer(draft, 4, pool_tokens=1024, block_size=4, p_min=0.0)
     single = DraftModelProposer(draft, 4, pool_tokens=1024, block_size=4, p_min=0.0)

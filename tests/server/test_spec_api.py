@@ -3,6 +3,7 @@ next token is a function of the last, so drafts from a prompt holding its chain 
 the same replies with and without the per-request opt-out, the `speculative` field validated on
 the OpenAI-shaped routes, and the draft counters in /metrics."""
 
+import os
 import re
 
 import pytest
@@ -86,6 +87,11 @@ def test_a_draft_model_is_loaded_with_model_and_its_drafts_count(tiny_files):
     state = ServerState(_draft_config(target, target))  # the model as its own draft: all accepted
     state.load()
     assert state.status == "ready", state.error
+    # the draft's file, KV pool and workspace count in the model's memory (--max-memory, ps)
+    est = state.models.loaded()[0].estimate
+    engine = state.models.loaded()[0].engine
+    assert est.draft > os.path.getsize(target) + engine.spec.kv_bytes > os.path.getsize(target)
+    assert est.total == est.weights + est.kv + est.workspace + est.draft and "draft model" in est.describe()
     with TestClient(create_app(state, load_in_background=False), base_url="http://localhost") as c:
         body = {"prompt": "one two three", "max_tokens": 12, "temperature": 0}
         off = c.post(COMP, json={**body, "speculative": False}).json()
