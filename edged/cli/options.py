@@ -76,8 +76,8 @@ def spec_options(f=None, *, envvar_prefix: str | None = None):
                           "(0: it proposes --spec-max tokens every step)."),
         click.option("--spec-adaptive/--spec-always", default=True, show_default=True,
                      envvar=f"{envvar_prefix}SPEC_ADAPTIVE" if envvar_prefix else None, **env,
-                     help="Draft only at the batch sizes where decode steps with drafts measured "
-                          "faster than those without (--spec-always: at every step)."),
+                     help="--draft: draft only at the batch sizes where decode steps with drafts "
+                          "measured faster than those without (--spec-always: at every step)."),
     ]):
         f = opt(f)
     return f

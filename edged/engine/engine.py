@@ -58,7 +58,7 @@ class EngineConfig:
     spec_max: int = 8
     # "draft": the draft stops where its top probability falls below this (spec_draft.P_MIN)
     spec_p_min: float = P_MIN
-    # draft only at the batch sizes where drafting measured faster (edged.engine.spec_governor)
+    # "draft": draft only at the batch sizes where drafting measured faster (spec_governor)
     spec_adaptive: bool = True
 
     @classmethod
@@ -192,7 +192,9 @@ class Engine:
         self.masks = StepMasks(model.vocab_size)  # grammar masks of constrained rows
         self.spec = _proposer(model, config, draft)
         self._spec_drafted = self._spec_accepted = 0
-        self.governor = SpecGovernor() if self.spec is not None and config.spec_adaptive else None
+        # a draft model's drafts cost passes and catch-ups; the n-gram method's cost nothing to make,
+        # and its own per-sequence estimate keeps them short (docs/SERVER.md, When it drafts)
+        self.governor = SpecGovernor() if config.spec == "draft" and config.spec_adaptive else None
         self._governed: tuple[int, bool, int] | None = None  # this step's (batch, drafted, accepted before)
         self._live: dict[str, _Live] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

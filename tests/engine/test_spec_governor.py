@@ -4,6 +4,7 @@ the engine it is asked only about decode-only steps, and what it decides never c
 
 import pytest
 
+from edged.engine.engine import Engine, EngineConfig
 from edged.engine.spec_governor import EXPLORE_EVERY, SpecGovernor
 from tests.engine.engine_helpers import greedy, start_engine, token_ids
 from tests.engine.test_spec_ngram import _chain, stub  # noqa: F401 (a fixture)
@@ -117,8 +118,7 @@ def test_engine_asks_only_about_decode_steps_and_outputs_do_not_change(stub):  #
     plain = start_engine(stub, max_batch_tokens=128)
     spec = start_engine(stub, max_batch_tokens=128, spec="ngram", spec_max=4)  # prompts in one step
     try:
-        assert spec.governor is not None
-        gov = spec.governor = _OnlyAlone()
+        gov = spec.governor = _OnlyAlone()  # the engine asks any governor it has
         ref = [token_ids(plain.generate(p, greedy(n))) for p, n in zip(prompts, lengths)]
         streams = [spec.add_request(p, greedy(n)) for p, n in zip(prompts, lengths)]
         assert [token_ids(list(s)) for s in streams] == ref
@@ -133,9 +133,14 @@ def test_engine_asks_only_about_decode_steps_and_outputs_do_not_change(stub):  #
         spec.stop()
 
 
-def test_spec_always_has_no_governor(stub):  # noqa: F811
-    eng = start_engine(stub, spec="ngram", spec_adaptive=False)
-    try:
-        assert eng.governor is None and eng.stats().spec_skipped_steps == 0
-    finally:
-        eng.stop()
+def test_only_a_draft_model_is_governed_and_spec_always_turns_it_off(stub):  # noqa: F811
+    model, tok = stub
+    for kw, governed in (({"spec": "ngram"}, False), ({"spec": "draft"}, True),
+                         ({"spec": "draft", "spec_adaptive": False}, False)):
+        eng = Engine(model, tok, EngineConfig(num_blocks=64, block_size=4, **kw),
+                     draft=model if kw["spec"] == "draft" else None)
+        try:
+            assert (eng.governor is not None) == governed, kw
+            assert eng.stats().spec_skipped_steps == 0
+        finally:
+            eng.stop()
