@@ -8,8 +8,9 @@ runs, medians; the replies must be token for token identical (exit 1 otherwise).
                                          [--always] [--json]
 
 --concurrency N runs max(N, 4) questions (the four cycled), N at a time, and reports their
-aggregate tokens/s, prefill included. --always adds a third engine that drafts at every step (--spec-always), beside
-the default one that drafts only where drafting measured faster (--spec-adaptive).
+aggregate tokens/s, prefill included. --always adds a third engine that drafts at every step
+(--spec-always), beside the default one that drafts only where drafting measured faster
+(--spec-adaptive).
 
 On a machine without a larger model of the draft's family, bench/f16_copy.py makes one: the F16
 copy of a quantized model as the target, the quantized file as its draft (docs/SERVER.md).
@@ -129,7 +130,8 @@ def _together(engine: Engine, prompts: list[list[int]], params: SamplingParams) 
     wall = time.perf_counter() - t0
     s1 = engine.stats()
     total = sum(map(len, out))
-    drafted, accepted = (s1.spec_draft_tokens - s0.spec_draft_tokens, s1.spec_accepted_tokens - s0.spec_accepted_tokens)
+    drafted = s1.spec_draft_tokens - s0.spec_draft_tokens
+    accepted = s1.spec_accepted_tokens - s0.spec_accepted_tokens
     return [{"ids": ids, "aggregate_tok_s": total / wall, "drafted": drafted if i == 0 else 0,
              "accepted": accepted if i == 0 else 0} for i, ids in enumerate(out)]
 

@@ -3,9 +3,9 @@ step (the weights are read once for all its rows) but costs compute in a wide on
 reads the weights for many tokens: a draft model drafting at every step measured 1.24x at
 c = 1 and 0.65x at c = 16 (docs/SERVER.md). So per number of running sequences the governor keeps
 the tokens a second of the latest decode steps that drafted and of those that did not, measured
-on this machine and model, and drafts where drafting was faster. It tries the other way now and then, so it follows a change of
-text, context length or load. Outputs never depend on it: drafts only change how many tokens a
-step yields.
+on this machine and model, and drafts where drafting was faster. It tries the other way now and
+then, so it follows a change of text, context length or load. Outputs never depend on it: drafts
+only change how many tokens a step yields.
 """
 
 from __future__ import annotations

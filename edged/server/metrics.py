@@ -68,8 +68,9 @@ class _EngineCollector:
         gauge("edged_spec_acceptance_ratio", "Accepted / verified draft tokens since the model "
               "loaded (0 before any).", s.spec_accepted_tokens / s.spec_draft_tokens
               if s.spec_draft_tokens else 0.0)
-        counter("edged_spec_skipped_steps", "Decode steps run without drafts (--draft with --spec-adaptive: while "
-                "measuring, or where drafting measured slower at their batch size).", s.spec_skipped_steps)
+        counter("edged_spec_skipped_steps", "Decode steps run without drafts (--draft with --spec-adaptive: "
+                "while measuring, or where drafting measured slower at their batch size).",
+                s.spec_skipped_steps)
         ratio = s.blocks_used / s.blocks_total if s.blocks_total else 0.0
         gauge("edged_kv_usage_ratio", "Share of KV blocks held by requests (0..1).", ratio)
         gauge("edged_kv_blocks_total", "KV blocks in the pool.", s.blocks_total)
