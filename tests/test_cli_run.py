@@ -100,7 +100,8 @@ def test_run_with_a_draft_model_gives_the_same_tokens(tiny, tmp_path):
     args = ["run", tiny, "--prompt-ids", "2,5,6,7", "--temperature", "0", "-n", "8", "--json"]
     plain = _json(CliRunner().invoke(main, args))
     drafted = _json(CliRunner().invoke(main, args + ["--draft", tiny, "--draft-p-min", "0"]))
-    assert drafted["ids"] == plain["ids"]
+    always = _json(CliRunner().invoke(main, args + ["--draft", tiny, "--spec-always"]))
+    assert drafted["ids"] == plain["ids"] == always["ids"]
     r = CliRunner().invoke(main, args + ["--draft", tiny, "--spec", "ngram"])
     assert r.exit_code == 2 and "choose one" in r.output
     other = str(write_tiny_model(tmp_path / "q.gguf", "qwen2"))  # another vocabulary
