@@ -545,7 +545,12 @@ class Engine:
                 if not drafting:
                     return
         if asks:
-            drafts = spec.propose_batch([(r.request_id, r.token_ids, k) for r, k in asks])
+            try:
+                drafts = spec.propose_batch([(r.request_id, r.token_ids, k) for r, k in asks])
+            except Exception:  # drafts are optional: a failing draft model must not fail requests
+                log.exception("speculative decoding failed: this model goes on without it")
+                self.spec = self.governor = self._governed = None
+                return
             for (req, _), d in zip(asks, drafts):
                 req.spec_tokens = d
 

@@ -165,3 +165,38 @@ def test_greedy_tokens_identical_with_a_draft_model(pair):
         plain.stop()
         other.stop()
         itself.stop()
+
+
+class _BreaksAfter:
+    """A draft model whose forward raises from its n-th pass on (a device fault, say)."""
+
+    def __init__(self, model, n):
+        self._model, self._left = model, n
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward(self, batch, kv):
+        self._left -= 1
+        if self._left < 0:
+            raise RuntimeError("the draft's device went away")
+        return self._model.forward(batch, kv)
+
+
+def test_a_failing_draft_model_leaves_the_requests_unharmed(pair, caplog):
+    (model, _), _ = pair
+    prompts = random_prompts(model.vocab_size, 4, seed=5)
+    plain = start_engine(pair[0])
+    spec = _start(pair, _BreaksAfter(model, 3), spec_max=4)
+    try:
+        ref = [token_ids(plain.generate(p, greedy(12))) for p in prompts]
+        with caplog.at_level("ERROR", logger="edged.engine"):
+            streams = [spec.add_request(p, greedy(12)) for p in prompts]
+            assert [token_ids(list(s)) for s in streams] == ref
+        assert "speculative decoding failed" in caplog.text
+        assert spec.spec is None and spec.governor is None  # it went on without drafts
+        assert token_ids(spec.generate(prompts[0], greedy(12))) == ref[0]
+        assert_all_blocks_free(spec)
+    finally:
+        plain.stop()
+        spec.stop()
