@@ -22,7 +22,8 @@ _OP_GROUP = {
     "moe_combine": "norms/rope/act",  # a MoE layer's experts, their sum
 }
 # the ops per_step_ms reports, in order; a timed op of no group counts in "other ops"
-_OPS = ("matmul layers", "matmul output", "attention block", "attention", "norms/rope/act", "embed", "other ops")
+_OPS = ("matmul layers", "matmul output", "attention block", "attention", "norms/rope/act", "embed",
+        "other ops")
 
 
 class _TimedOps:
@@ -135,11 +136,10 @@ class StepProfiler:
     def per_step_ms(self) -> dict[str, float]:
         """Milliseconds per step of each phase (forward split into its ops)."""
         a, n = self.acc, max(self.steps, 1)
-        ops = _OPS
         # each timed op carries about one clock reading inside its interval and one outside it
         c = self.clock_cost
-        out = {k: max(a.get(k, 0.0) - c * self.calls.get(k, 0), 0.0) for k in ops}
-        n_ops = sum(self.calls.get(k, 0) for k in ops)
+        out = {k: max(a.get(k, 0.0) - c * self.calls.get(k, 0), 0.0) for k in _OPS}
+        n_ops = sum(self.calls.get(k, 0) for k in _OPS)
         out["timer overhead"] = 2 * c * n_ops  # the op wrappers' clock readings (an estimate)
         out["forward python"] = a.get("forward", 0.0) - sum(out.values())
         for k in self._PHASES:

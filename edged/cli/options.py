@@ -53,9 +53,9 @@ def backend_options(f):
 
 
 def spec_options(f=None, *, envvar_prefix: str | None = None):
-    """--spec, --spec-max, --draft, --draft-p-min and --spec-adaptive: speculative decoding (edged.engine.spec_ngram,
-    spec_draft). envvar_prefix: also read EDGED_SPEC etc. (`edged serve`, whose every flag is a
-    variable)."""
+    """--spec, --spec-max, --draft, --draft-p-min and --spec-adaptive: speculative decoding
+    (edged.engine.spec_ngram, spec_draft, spec_governor). envvar_prefix: also read EDGED_SPEC etc.
+    (`edged serve`, whose every flag is a variable)."""
     if f is None:  # used as @spec_options(envvar_prefix="EDGED_")
         return lambda g: spec_options(g, envvar_prefix=envvar_prefix)
     env = {} if envvar_prefix is None else {"show_envvar": True}

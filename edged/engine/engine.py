@@ -536,14 +536,14 @@ class Engine:
         self._governed = None
         if asks and self.governor is not None:
             joining = min(len(self.scheduler.waiting), self.scheduler.max_seqs - len(running))
-            if decoding < len(running) or joining > 0:  # prompt chunks too: the figures say, unmeasured
-                if not self.governor.prefers_drafts(len(running) + joining):
-                    return
+            batch = len(running) + joining
+            if decoding < len(running) or joining:  # prompt chunks too: the figures say, unmeasured
+                drafting = self.governor.prefers_drafts(batch)
             else:
-                drafting = self.governor.drafting(len(running))
-                self._governed = (len(running), drafting, self._spec_accepted)
-                if not drafting:
-                    return
+                drafting = self.governor.drafting(batch)
+                self._governed = (batch, drafting, self._spec_accepted)
+            if not drafting:
+                return
         if asks:
             try:
                 drafts = spec.propose_batch([(r.request_id, r.token_ids, k) for r, k in asks])

@@ -77,14 +77,9 @@ class SpecGovernor:
                 return True  # the try goes on until a caught-up step of it is measured
             self._trying = None
         plain, spec = self._ways.setdefault(batch, (_Way(), _Way()))
-        if spec.steps < self.settle or plain.steps < self.settle:
-            known = self._inferred(batch)
-            if known is not None:
-                best = known
-            else:
-                return spec.steps < self.settle  # measure drafting first, then without
-        else:
-            best = spec.rate >= plain.rate
+        best = self._best(batch)
+        if best is None:
+            return spec.steps < self.settle  # measure drafting first, then without
         hi, lo = max(spec.rate, plain.rate), min(spec.rate, plain.rate)
         rare = 1 if best else min(batch, TRY_DRAFTS_FACTOR)
         every = self.explore_every * rare * (4 if hi > WIDE_GAP * lo else 1)
@@ -98,11 +93,16 @@ class SpecGovernor:
     def prefers_drafts(self, batch: int) -> bool:
         """What the figures say of drafting at `batch` (True where nothing says), for a step it
         does not measure (a prompt chunk in it): no try, no count."""
-        plain, spec = self._ways.get(batch, (_Way(), _Way()))
-        if spec.steps >= self.settle and plain.steps >= self.settle:
-            return spec.rate >= plain.rate
-        known = self._inferred(batch)
-        return True if known is None else known
+        best = self._best(batch)
+        return True if best is None else best
+
+    def _best(self, batch: int) -> bool | None:
+        """Whether drafting is the faster way at `batch`: by its own figures once both ways are
+        settled, else as the measured batch sizes say (_inferred); None when nothing says."""
+        ways = self._ways.get(batch)
+        if ways is not None and min(w.steps for w in ways) >= self.settle:
+            return ways[1].rate >= ways[0].rate
+        return self._inferred(batch)
 
     def _inferred(self, batch: int) -> bool | None:
         """What measured batch sizes say of `batch`: False where a smaller one drafts no more,
