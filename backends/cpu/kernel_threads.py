@@ -49,6 +49,12 @@ def _set_threads(typingctx, n):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
+def current_threads():
+    """The threads this thread's next parallel region runs on (numba.get_num_threads, cacheable)."""
+    return _get_threads()
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
 def fewer_threads(threads):
     """Run this thread's next parallel regions on `threads` threads when that is fewer than now (0:
     unchanged); returns the count restore_threads puts back."""

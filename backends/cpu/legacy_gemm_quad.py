@@ -22,7 +22,7 @@ from edged.backends.cpu import vector_ir as vir
 from edged.backends.cpu.legacy_blocks import ALL_KINDS, block_scale_bias, block_u8, kind_layout, tree8_vectors
 from edged.backends.cpu.legacy_gemm_tile import TOKENS, _tile_block_int, _tile_term
 from edged.backends.cpu.legacy_groups import GROUP, TAIL, group_scales, group_words
-from edged.backends.cpu.vector_ir import F32, I32, I64
+from edged.backends.cpu.vector_ir import F32, I8, I32, I64
 
 ROWS = 4  # weight rows per quad_tile_dot call
 GROUP_BYTES = 256  # decoded bytes of a group of 8 blocks
@@ -121,20 +121,29 @@ def decode_row(row, kind, u, uoff, d, c, soff, pf):
 
 
 def _emit_quad(context, builder, signature, args):
-    """quad_tile_dot's body: args (u, ustride, d, c, sstride, xi, xdt, xst, out, nblk)."""
+    """quad_tile_dot's body: args (u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf)."""
     at, b = signature.args, builder
     c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     i64 = lambda k: vir.as_i64(context, b, args[k], at[k])  # noqa: E731
     up = vir.base_ptr(context, b, at[0], args[0], c64(0))
-    ustride, sstride, nblk = i64(1), i64(4), i64(9)
+    ustride, sstride, nblk, row, pf = i64(1), i64(4), i64(9), i64(11), i64(12)
     urs = [b.gep(up, [b.mul(ustride, c64(r))]) for r in range(ROWS)]
     dps, cps = ([b.bitcast(vir.base_ptr(context, b, at[k], args[k], b.mul(sstride, c64(r))), F32.as_pointer())
                  for r in range(ROWS)] for k in (2, 3))
     xp = vir.base_ptr(context, b, at[5], args[5], c64(0))
     xdp, xsp = vir.f32_ptr(context, b, at[6], args[6]), vir.f32_ptr(context, b, at[7], args[7])
+    # the raw rows' bytes pf past this quad's first (the rows decoded next), a part per lane: the
+    # reads then stream while the quad computes, where one burst at the decode stalled it
+    warr = context.make_array(at[10])(context, b, args[10])
+    rowbytes = vir.as_i64(context, b, b.extract_value(warr.strides, 0), types.intp)
+    ahead = b.gep(b.bitcast(warr.data, I8.as_pointer()), [b.add(b.mul(row, rowbytes), pf)])
+    part = b.udiv(b.add(b.mul(rowbytes, c64(ROWS)), c64(64 * GROUP - 1)), c64(64 * GROUP))  # lines per lane
     v16f = ir.VectorType(F32, TOKENS)
     lanes = [[None] * GROUP for _ in range(ROWS)]
     for j in range(GROUP):
+        with b.if_then(b.icmp_signed(">", pf, c64(0))):
+            with cgutils.for_range(b, part) as lp:
+                vir.prefetch_lines(b, ahead, b.mul(b.add(b.mul(part, c64(j)), lp.index), c64(64)), 64)
         count = b.udiv(b.add(nblk, c64(GROUP - 1 - j)), c64(GROUP))  # blocks blk ≡ j (mod 8), blk < nblk
 
         def body(gi, accs, j=j):
@@ -153,12 +162,13 @@ def _emit_quad(context, builder, signature, args):
 
 
 @intrinsic
-def _quad_tile_dot(typingctx, u, ustride, d, c, sstride, xi, xdt, xst, out, nblk):
+def _quad_tile_dot(typingctx, u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf):
     f32a = lambda a: vir.is_arr(a, types.float32) and a.ndim == 1  # noqa: E731
     if not (vir.is_arr(u, types.uint8) and u.ndim == 1 and f32a(d) and f32a(c) and vir.is_arr(xi, types.int8)
-            and xi.ndim == 1 and f32a(xdt) and f32a(xst) and f32a(out) and vir.ints(ustride, sstride, nblk)):
+            and xi.ndim == 1 and f32a(xdt) and f32a(xst) and f32a(out) and vir.ints(ustride, sstride, nblk, row, pf)
+            and vir.is_arr(w, types.uint8) and w.ndim == 2):
         return None
-    sig = types.void(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk)
+    sig = types.void(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf)
 
     def codegen(context, builder, signature, args):
         _emit_quad(context, builder, signature, args)
@@ -168,8 +178,52 @@ def _quad_tile_dot(typingctx, u, ustride, d, c, sstride, xi, xdt, xst, out, nblk
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk):
+def quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf):
     """out float32 [64]: row r's 16 tokens at 16·r, for the 4 decoded rows (row r's words in u
     from byte r·ustride, its d and c from element r·sstride) · the tile (legacy_gemm_tile's xi,
-    xdt, xst) over nblk blocks. The same bits as legacy_gemm_tile.row_tile_dot_raw8 of each row."""
-    _quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk)
+    xdt, xst) over nblk blocks. The same bits as legacy_gemm_tile.row_tile_dot_raw8 of each row.
+    pf > 0 prefetches four rows' bytes of w (uint8 [m, row bytes], the raw rows) from pf past the
+    start of its row `row` (the quad's first), spread over the computation."""
+    _quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf)
+
+
+@intrinsic
+def _store_quad(typingctx, acc, y, t0, nt, col):
+    if not (vir.is_arr(acc, types.float32) and acc.ndim == 1 and vir.is_arr(y, types.float32) and y.ndim == 2
+            and vir.ints(t0, nt, col)):
+        return None
+    sig = types.void(acc, y, t0, nt, col)
+
+    def codegen(context, b, signature, args):
+        at = signature.args
+        c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        v16f, v4f = ir.VectorType(F32, TOKENS), ir.VectorType(F32, ROWS)
+        idx = lambda ix: ir.Constant(ir.VectorType(I32, len(ix)), ix)  # noqa: E731
+        ap = vir.f32_ptr(context, b, at[0], args[0])
+        rows = [b.load(b.bitcast(b.gep(ap, [ir.Constant(I32, TOKENS * r)]), v16f.as_pointer()), align=4) for r in range(ROWS)]
+        # [4 rows, 16 tokens] -> 4 vectors of [4 tokens, 4 rows]: interleave row pairs, then the pairs
+        pair = [[b.shuffle_vector(rows[2 * p], rows[2 * p + 1], idx([h * 8 + k // 2 + TOKENS * (k % 2) for k in range(16)]))
+                 for h in (0, 1)] for p in (0, 1)]  # pair[p][h]: tokens 8h.., rows 2p, 2p + 1 alternating
+        quads = []
+        for h in (0, 1):
+            for q in (0, 1):  # tokens 8h + 4q .. + 3
+                quads.append(b.shuffle_vector(pair[0][h], pair[1][h], idx(
+                    [2 * (4 * q + k // 4) + k % 2 + (TOKENS if k % 4 >= 2 else 0) for k in range(16)])))
+        yarr = context.make_array(at[1])(context, b, args[1])
+        m = vir.as_i64(context, b, b.extract_value(yarr.shape, 1), types.intp)
+        yp = b.bitcast(yarr.data, F32.as_pointer())
+        t0, nt, col = (vir.as_i64(context, b, args[k], at[k]) for k in (2, 3, 4))
+        for t in range(TOKENS):
+            v = b.shuffle_vector(quads[t // 4], ir.Constant(v16f, ir.Undefined), idx([4 * (t % 4) + i for i in range(ROWS)]))
+            with b.if_then(b.icmp_signed("<", c64(t), nt)):
+                b.store(v, b.bitcast(b.gep(yp, [b.add(b.mul(b.add(t0, c64(t)), m), col)]), v4f.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def store_quad(acc, y, t0, nt, col):
+    """y[t0 + t, col : col + 4] = quad_tile_dot's out for its 4 rows, token t < nt (y float32 [n, m]):
+    four floats a token, where a scalar copy through a transposed block cost ~20% of the gemm."""
+    _store_quad(acc, y, t0, nt, col)

@@ -35,8 +35,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
-from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot
+from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
+from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot, store_quad
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
 from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
@@ -117,40 +117,43 @@ def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
             xst[tile, b * TOKENS + t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
 
 
-GEMM_ROWS_PER_TASK = 16  # rows per prange step; their outputs are stored as 16-float row runs
+# prange steps per thread by default: each step allocates its scratch once (16-row steps spent
+# ~2 ms of a 16-token Gemma output projection on that, docs/kernels.md); rows per step are whole
+# runs of 16, so steps on two threads share no line of y
+GEMM_TASKS_PER_THREAD = 8
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass,
-    in `tasks` prange steps (0: GEMM_ROWS_PER_TASK rows each); pf > 0 prefetches the weight bytes
-    pf ahead. Rows are decoded once and run four at a time (legacy_gemm_quad), except with mode 1
-    for a single tile: there the decode is not shared between tiles, and a type whose words need
-    none (Q8_0) was faster decoded inside the tile (legacy_gemm_tile). The same bits either way."""
+    in at most `tasks` prange steps (0: GEMM_TASKS_PER_THREAD per thread); pf > 0 prefetches the weight bytes
+    pf ahead. Rows are decoded once and run four at a time (legacy_gemm_quad; their results go to
+    y directly), except with mode 1 for a single tile, which decodes inside the tile
+    (legacy_gemm_tile). The same bits either way."""
     m = w.shape[0]
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // TOKENS
     ngroup = (nblk + GROUPS - 1) // GROUPS
     ustride, sstride = ngroup * GROUP_BYTES, ngroup * GROUPS  # one decoded row's words / scales
-    rpt = GEMM_ROWS_PER_TASK if tasks <= 0 else max(1, (m + tasks - 1) // tasks)
+    steps = tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads()
+    rpt = TOKENS * max(1, (m + TOKENS * steps - 1) // (TOKENS * steps))  # rows per step
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
         nr = min(m - r0, rpt)
-        yt = np.empty((n_live, rpt), np.float32)  # [n_live, rows]: y's block, transposed writes stay local
         quads = nr - nr % ROWS if mode == 0 or ntile > 1 else 0
+        yt = np.empty((n_live, nr - quads), np.float32)  # [n_live, rows after the quads]: y's block, transposed writes stay local
         if quads:
             u = np.empty(ROWS * ustride, np.uint8)  # [4 rows, groups, 8 words, 8 blocks, 4 bytes]
             ds = np.empty(ROWS * sstride, np.float32)  # [4 rows, groups · 8]
             cs = np.empty(ROWS * sstride, np.float32)
             for i in range(0, quads, ROWS):
                 for q in range(ROWS):
-                    decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride, pf)
+                    decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride, 0)
                 for tile in range(ntile):
-                    quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk)
-                    for t in range(min(TOKENS, n_live - tile * TOKENS)):
-                        for q in range(ROWS):
-                            yt[tile * TOKENS + t, i + q] = acc[q * TOKENS + t]
+                    quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk,
+                                  w, r0 + i, pf if tile == 0 else 0)
+                    store_quad(acc, y, n0 + tile * TOKENS, min(TOKENS, n_live - tile * TOKENS), r0 + i)
         # the rest: row pairs share each tile block's activation loads; a single tile reading its
         # rows from DRAM ran ~1.2x slower in pairs (docs/kernels.md), so it keeps one
         paired = quads + ((nr - quads) - (nr - quads) % 2 if ntile > 1 else 0)  # rows done in pairs
@@ -159,16 +162,16 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
                 rows2_tile_dot_raw8(w[r0 + i], w[r0 + i + 1], kind, xi[tile], xdt[tile], xst[tile], acc,
                                     pf if tile == 0 else 0)
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):
-                    yt[tile * TOKENS + t, i] = acc[t]
-                    yt[tile * TOKENS + t, i + 1] = acc[TOKENS + t]
+                    yt[tile * TOKENS + t, i - quads] = acc[t]
+                    yt[tile * TOKENS + t, i + 1 - quads] = acc[TOKENS + t]
         for i in range(paired, nr):
             for tile in range(ntile):
                 row_tile_dot_raw8(w[r0 + i], kind, xi[tile], xdt[tile], xst[tile], acc)  # run-time kind: a switch
                 for t in range(min(TOKENS, n_live - tile * TOKENS)):
-                    yt[tile * TOKENS + t, i] = acc[t]
+                    yt[tile * TOKENS + t, i - quads] = acc[t]
         for t in range(n_live):
-            for i in range(nr):
-                y[n0 + t, r0 + i] = yt[t, i]
+            for i in range(quads, nr):
+                y[n0 + t, r0 + i] = yt[t, i - quads]
 
 
 # tokens per pass over the weights: keeps one pass's tiles (tokens · k bytes) within ~512 KiB of L2

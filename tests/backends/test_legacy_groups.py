@@ -103,3 +103,23 @@ def test_gemm_row_quads_give_the_gemv_bits(qtype):
                 for knobs in ((0, 0, 0, 0), (0, 0, 1, 0), (5, 512, 0, 0)):
                     got = mm.matmul_knobs(wt, x, knobs, kernel="gemm")
                     np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} k={k} n={n} {knobs}")
+
+
+@pytest.mark.parametrize("nt", (16, 5))
+def test_store_quad_writes_each_token_four_floats(nt):
+    """store_quad puts a quad's [4 rows, 16 tokens] results at y[t0 + t, col : col + 4] for the
+    first nt tokens and touches nothing else of y."""
+    import numba as nb
+
+    from edged.backends.cpu.legacy_gemm_quad import store_quad
+
+    @nb.njit
+    def put(acc, y, t0, nt, col):
+        store_quad(acc, y, t0, nt, col)
+
+    acc = np.arange(64, dtype=np.float32) + 0.5  # [4 rows, 16 tokens]
+    y = np.full((20, 11), -1.0, np.float32)
+    put(acc, y, 3, nt, 6)
+    want = np.full((20, 11), -1.0, np.float32)
+    want[3:3 + nt, 6:10] = acc.reshape(4, 16).T[:nt]
+    np.testing.assert_array_equal(y, want)
