@@ -34,6 +34,7 @@ from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_
 from edged.backends.cpu.kquant_unpack import (
     KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q4KP, KIND_Q5K, KIND_Q5KP, KIND_Q6K,
 )
+from edged.backends.cpu.tile_store import store_quad
 from edged.backends.cpu.typed_kernel import bind
 
 QK_K = 256  # elements per superblock
@@ -255,9 +256,12 @@ def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
                 xdo = tile * nblk * tw
                 xbo = 2 * xdo if s16 else xdo
                 tile_dot(kind, tw, u, 0, k, s, 0, ns, c, 0, nc, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0)
-                for i in range(nr):
-                    for t in range(live):
-                        y[n0 + tile * tw + t, r0 + i] = acc[i * tw + t]
+                if tw == TOKENS and nr == GEMM_ROWS:  # four floats a token
+                    store_quad(acc, y, n0 + tile * tw, live, r0)
+                else:
+                    for i in range(nr):
+                        for t in range(live):
+                            y[n0 + tile * tw + t, r0 + i] = acc[i * tw + t]
 
 
 @nb.njit(cache=True, nogil=True)

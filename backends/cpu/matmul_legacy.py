@@ -36,11 +36,12 @@ from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
-from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot, store_quad
+from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
 from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
 from edged.backends.cpu.legacy_groups import group_rows
+from edged.backends.cpu.tile_store import store_quad
 from edged.backends.cpu.typed_kernel import TypedKernel, bind
 from edged.quant.tensor import QTensor
 

@@ -111,7 +111,7 @@ def test_store_quad_writes_each_token_four_floats(nt):
     first nt tokens and touches nothing else of y."""
     import numba as nb
 
-    from edged.backends.cpu.legacy_gemm_quad import store_quad
+    from edged.backends.cpu.tile_store import store_quad
 
     @nb.njit
     def put(acc, y, t0, nt, col):
