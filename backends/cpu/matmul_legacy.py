@@ -122,13 +122,16 @@ def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
 # ~2 ms of a 16-token Gemma output projection on that, docs/kernels.md); rows per step are whole
 # runs of 16, so steps on two threads share no line of y
 GEMM_TASKS_PER_THREAD = 8
+# bytes past its rows that a quad prefetches when the knob is 0 (-1: none): without it the
+# quads' reads from DRAM did not overlap their arithmetic (docs/kernels.md)
+QUAD_PREFETCH = 4096
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass,
     in at most `tasks` prange steps (0: GEMM_TASKS_PER_THREAD per thread); pf > 0 prefetches the weight bytes
-    pf ahead. Rows are decoded once and run four at a time (legacy_gemm_quad; their results go to
+    pf ahead (the quads: QUAD_PREFETCH at 0, none at -1). Rows are decoded once and run four at a time (legacy_gemm_quad; their results go to
     y directly), except with mode 1 for a single tile, which decodes inside the tile
     (legacy_gemm_tile). The same bits either way."""
     m = w.shape[0]
@@ -138,6 +141,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     ustride, sstride = ngroup * GROUP_BYTES, ngroup * GROUPS  # one decoded row's words / scales
     steps = tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads()
     rpt = TOKENS * max(1, (m + TOKENS * steps - 1) // (TOKENS * steps))  # rows per step
+    qpf = QUAD_PREFETCH if pf == 0 else max(pf, 0)
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
@@ -153,7 +157,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
                     decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride, 0)
                 for tile in range(ntile):
                     quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk,
-                                  w, r0 + i, pf if tile == 0 else 0)
+                                  w, r0 + i, qpf if tile == 0 else 0)
                     store_quad(acc, y, n0 + tile * TOKENS, min(TOKENS, n_live - tile * TOKENS), r0 + i)
         # the rest: row pairs share each tile block's activation loads; a single tile reading its
         # rows from DRAM ran ~1.2x slower in pairs (docs/kernels.md), so it keeps one
@@ -219,5 +223,6 @@ def grouped(w: QTensor) -> QTensor:
     """A 2-D legacy-type weight with its rows regrouped (legacy_groups.py): a copy in memory."""
     return replace(w, data=group_rows(w.rows(), KIND[w.qtype]).reshape(-1), grouped=True)
 
-# knobs the tuner may try beside tasks (backends/cpu/tuning.py): prefetch bytes, mode 1 = one token a dot
-KNOBS = {"gemv": {"prefetch": (1024, 4096), "mode": (1,)}, "gemm": {"prefetch": (1024, 4096), "mode": (1,)}}
+# knobs the tuner may try beside tasks (backends/cpu/tuning.py): prefetch bytes (the gemm quads: -1 none, 0 their
+# QUAD_PREFETCH), mode 1 = one token a dot
+KNOBS = {"gemv": {"prefetch": (1024, 4096), "mode": (1,)}, "gemm": {"prefetch": (-1, 1024), "mode": (1,)}}

@@ -100,7 +100,7 @@ def test_gemm_row_quads_give_the_gemv_bits(qtype):
             for n in (16, 21, 40):
                 x = activations(n, k, seed=n + k)
                 want = np.concatenate([mm.matmul(wt, x[t:t + 1]) for t in range(n)])
-                for knobs in ((0, 0, 0, 0), (0, 0, 1, 0), (5, 512, 0, 0)):
+                for knobs in ((0, 0, 0, 0), (0, 0, 1, 0), (5, 512, 0, 0), (0, -1, 0, 0)):
                     got = mm.matmul_knobs(wt, x, knobs, kernel="gemm")
                     np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} k={k} n={n} {knobs}")
 
