@@ -29,9 +29,9 @@ GROUP_BYTES = 256  # decoded bytes of a group of 8 blocks
 
 
 def _emit_decode(context, builder, signature, args, layout, grouped):
-    """decode_row's body for one layout: args (row, kind, u, uoff, d, c, soff, pf)."""
+    """decode_row's body for one layout: args (row, kind, u, uoff, d, c, soff)."""
     at = signature.args
-    row, _, u, uoff, d, c, soff, pf = args
+    row, _, u, uoff, d, c, soff = args
     size = layout[0]
     c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     i64 = lambda k: vir.as_i64(context, builder, args[k], at[k])  # noqa: E731
@@ -41,11 +41,6 @@ def _emit_decode(context, builder, signature, args, layout, grouped):
     up = vir.base_ptr(context, builder, at[2], u, i64(3))
     dp = vir.base_ptr(context, builder, at[4], d, i64(6))
     cp = vir.base_ptr(context, builder, at[5], c, i64(6))
-    pfv = i64(7)
-
-    def prefetch(boff, n):
-        with builder.if_then(builder.icmp_signed(">", pfv, c64(0))):
-            vir.prefetch_lines(builder, rp, builder.add(boff, pfv), n)
 
     def raw_block(b):
         blk = builder.gep(rp, [builder.mul(b, c64(size))])
@@ -59,9 +54,7 @@ def _emit_decode(context, builder, signature, args, layout, grouped):
         vir.store(builder, bc, cp, builder.mul(b, c64(4)))
 
     def group(grp, nb):
-        boff = builder.mul(grp, c64(GROUP * size))
-        prefetch(boff, nb * size)
-        gp = builder.gep(rp, [boff])
+        gp = builder.gep(rp, [builder.mul(grp, c64(GROUP * size))])
         ubase = builder.mul(grp, c64(GROUP_BYTES))
         for g, w in enumerate(group_words(builder, gp, layout, nb)):
             vir.store(builder, w, up, builder.add(ubase, c64(32 * g)))
@@ -79,9 +72,7 @@ def _emit_decode(context, builder, signature, args, layout, grouped):
 
     def raw_rest():
         with cgutils.for_range(builder, rem) as lp:
-            b = builder.add(start, lp.index)
-            prefetch(builder.mul(b, c64(size)), size)
-            raw_block(b)
+            raw_block(builder.add(start, lp.index))
 
     if grouped:
         with builder.if_else(builder.icmp_unsigned("==", rem, c64(TAIL))) as (four, other):
@@ -94,11 +85,11 @@ def _emit_decode(context, builder, signature, args, layout, grouped):
 
 
 @intrinsic
-def _decode_row(typingctx, row, kind, u, uoff, d, c, soff, pf):
+def _decode_row(typingctx, row, kind, u, uoff, d, c, soff):
     if not (vir.is_arr(row, types.uint8) and row.ndim == 1 and vir.is_arr(u, types.uint8)
-            and vir.is_arr(d, types.float32) and vir.is_arr(c, types.float32) and vir.ints(kind, uoff, soff, pf)):
+            and vir.is_arr(d, types.float32) and vir.is_arr(c, types.float32) and vir.ints(kind, uoff, soff)):
         return None
-    sig = types.void(row, kind, u, uoff, d, c, soff, pf)
+    sig = types.void(row, kind, u, uoff, d, c, soff)
 
     def codegen(context, builder, signature, args):
         def body(k):
@@ -112,12 +103,12 @@ def _decode_row(typingctx, row, kind, u, uoff, d, c, soff, pf):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def decode_row(row, kind, u, uoff, d, c, soff, pf):
+def decode_row(row, kind, u, uoff, d, c, soff):
     """Decode one weight row (uint8, kind_layout(kind)'s blocks, raw or grouped; kind run-time)
     into u from byte uoff and d, c from element soff (the module docstring's layout: u needs
-    256 bytes and d, c 8 floats per started group of 8 blocks). pf > 0 prefetches the row's
-    bytes pf ahead of the reads."""
-    _decode_row(row, kind, u, uoff, d, c, soff, pf)
+    256 bytes and d, c 8 floats per started group of 8 blocks). quad_tile_dot prefetches the rows
+    it decodes."""
+    _decode_row(row, kind, u, uoff, d, c, soff)
 
 
 def _emit_quad(context, builder, signature, args):

@@ -130,10 +130,10 @@ QUAD_PREFETCH = 4096
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
 def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     """y[n0 : n0 + n_live, :] for the prepared token tiles; each weight row is read once per pass,
-    in at most `tasks` prange steps (0: GEMM_TASKS_PER_THREAD per thread); pf > 0 prefetches the weight bytes
-    pf ahead (the quads: QUAD_PREFETCH at 0, none at -1). Rows are decoded once and run four at a time (legacy_gemm_quad; their results go to
-    y directly), except with mode 1 for a single tile, which decodes inside the tile
-    (legacy_gemm_tile). The same bits either way."""
+    in at most `tasks` prange steps (0: GEMM_TASKS_PER_THREAD per thread); pf > 0 prefetches the
+    weight bytes pf ahead (the quads: QUAD_PREFETCH at 0, none at -1). Rows are decoded once and
+    run four at a time (legacy_gemm_quad; their results go to y directly), except with mode 1 for
+    a single tile, which decodes inside the tile (legacy_gemm_tile). The same bits either way."""
     m = w.shape[0]
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // TOKENS
@@ -147,14 +147,14 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
         r0 = task * rpt
         nr = min(m - r0, rpt)
         quads = nr - nr % ROWS if mode == 0 or ntile > 1 else 0
-        yt = np.empty((n_live, nr - quads), np.float32)  # [n_live, rows after the quads]: y's block, transposed writes stay local
+        yt = np.empty((n_live, nr - quads), np.float32)  # [n_live, rows after the quads]: transposed writes stay local
         if quads:
             u = np.empty(ROWS * ustride, np.uint8)  # [4 rows, groups, 8 words, 8 blocks, 4 bytes]
             ds = np.empty(ROWS * sstride, np.float32)  # [4 rows, groups · 8]
             cs = np.empty(ROWS * sstride, np.float32)
             for i in range(0, quads, ROWS):
                 for q in range(ROWS):
-                    decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride, 0)
+                    decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride)
                 for tile in range(ntile):
                     quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk,
                                   w, r0 + i, qpf if tile == 0 else 0)
