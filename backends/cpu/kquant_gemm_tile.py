@@ -16,12 +16,13 @@ superblock's 8 terms ((w0+w1)+(w2+w3))+((w4+w5)+(w6+w7)), superblock sums added 
 
 import numba as nb
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from edged.backends.cpu.kquant_unpack import TYPES
 from edged.backends.cpu.vector_ir import (
-    F32, I8, I32, I64, as_i64, base_ptr, dpbusd, emit_switch, ints, is_arr, load, loop, splat, store, vec,
+    F32, I8, I32, I64, as_i64, base_ptr, dpbusd, emit_switch, ints, is_arr, load, loop, prefetch_lines, splat, store,
+    vec,
 )
 
 TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 / float32 lanes
@@ -38,6 +39,7 @@ class _TileEmitter:
         self.i64 = lambda k: as_i64(context, builder, args[k], st[k])
         ptr = lambda k: base_ptr(context, builder, st[k], args[k], self.i64(k + 1))  # noqa: E731
         self.up, self.sp, self.cp, self.xp, self.xdp, self.xbp, self.op = (ptr(k) for k in (0, 3, 6, 9, 11, 13, 16))
+        self.pfp, self.pfbytes = ptr(18), self.i64(20)  # raw weight bytes to prefetch (pfbytes 0: none)
         c64 = self.c64
         # per-row base pointers (strides in elements: bytes for u, 4-byte floats for s and c)
         self.ur = [builder.gep(self.up, [builder.mul(self.i64(2), c64(r))]) for r in range(TILE_ROWS)]
@@ -101,9 +103,19 @@ class _TileEmitter:
             out.append(b.fadd(v, bias))
         return out
 
-    def superblock(self, i, acc):
+    def prefetch_part(self, i, nsb):
+        """Superblock i's share of the pfbytes to prefetch: spread over the computation, the
+        reads stream while it runs (in one burst at the rows' decode they stalled it)."""
+        b, c64 = self.b, self.c64
+        part = b.udiv(b.add(self.pfbytes, b.sub(b.mul(nsb, c64(64)), c64(1))), b.mul(nsb, c64(64)))  # lines
+        with b.if_then(b.icmp_signed(">", self.pfbytes, c64(0))):
+            with cgutils.for_range(b, part) as lp:
+                prefetch_lines(b, self.pfp, b.mul(b.add(b.mul(part, i), lp.index), c64(64)), 64)
+
+    def superblock(self, i, acc, nsb):
         """acc[r] + the tree of superblock i's 8 block terms, per row."""
         b, c64 = self.b, self.c64
+        self.prefetch_part(i, nsb)
         b0 = b.mul(i, c64(8))
         w = [self.block_terms(b.add(b0, c64(j))) for j in range(8)]
         new = []
@@ -117,7 +129,7 @@ class _TileEmitter:
     def emit(self):
         b = self.b
         nsb = b.udiv(self.i64(15), self.c64(8))
-        acc = loop(b, nsb, self.superblock, [self.zero_f] * TILE_ROWS)
+        acc = loop(b, nsb, lambda i, acc: self.superblock(i, acc, nsb), [self.zero_f] * TILE_ROWS)
         for r in range(TILE_ROWS):
             store(b, acc[r], self.op, 4 * self.nt * r)
 
@@ -130,14 +142,15 @@ for _kind, (*_, _family) in TYPES.items():
 
 @intrinsic
 def _tile_dot(typingctx, kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
-              xbt, xboff, nblk, out, ooff):
+              xbt, xboff, nblk, out, ooff, w, pfoff, pfbytes):
     if not (is_arr(u, types.uint8) and is_arr(s, types.float32) and is_arr(c, types.float32)
             and is_arr(xi, types.int8) and is_arr(xdt, types.float32) and is_arr(xbt, types.float32)
-            and is_arr(out, types.float32)
-            and ints(kind, nt, uoff, ustride, soff, sstride, coff, cstride, xioff, xdoff, xboff, nblk, ooff)):
+            and is_arr(out, types.float32) and is_arr(w, types.uint8)
+            and ints(kind, nt, uoff, ustride, soff, sstride, coff, cstride, xioff, xdoff, xboff, nblk, ooff, pfoff,
+                     pfbytes)):
         return None
     sig = types.void(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff,
-                     xbt, xboff, nblk, out, ooff)
+                     xbt, xboff, nblk, out, ooff, w, pfoff, pfbytes)
 
     def codegen(context, builder, signature, args):
         sub, rest = signature.replace(args=signature.args[2:]), args[2:]
@@ -154,13 +167,15 @@ def _tile_dot(typingctx, kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, 
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-             nblk, out, ooff):
+             nblk, out, ooff, w, pfoff, pfbytes):
     """TILE_ROWS decoded rows of type `kind` × one nt-token tile (nt 16 or 8) over nblk 32-blocks
     (a multiple of 8): out[ooff + nt·r + t] = Σ_b w_b (the module docstring's block term and
     order). Row r's u uint8 [nblk·32] starts at element uoff + r·ustride, its s and c float32
     ([nblk] per-32, [nblk][2] per-16) at soff + r·sstride, coff + r·cstride; xi int8 is the
     4-interleaved tile from xioff; xdt float32 [nblk][nt] activation scales from xdoff; xbt
     float32 [nblk][nt] (s32) or [nblk][2][nt] (s16, s16i as int32 bits) bias terms from xboff;
-    c is not read for s16i. Nothing is bounds-checked."""
+    c is not read for s16i. Nothing is bounds-checked. pfbytes > 0 prefetches that many bytes of
+    w (uint8, any rank: the raw rows) from byte pfoff, a part in each superblock (a hint: it may
+    point past w's end)."""
     _tile_dot(kind, nt, u, uoff, ustride, s, soff, sstride, c, coff, cstride, xi, xioff, xdt, xdoff, xbt, xboff,
-              nblk, out, ooff)
+              nblk, out, ooff, w, pfoff, pfbytes)

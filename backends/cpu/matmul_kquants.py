@@ -45,6 +45,9 @@ GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied toge
 _GEMM_TASKS = 16
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
+# bytes past a row group's first byte that its first tile prefetches when the knob is 0 (-1: none),
+# so the next groups' reads overlap the tile's arithmetic (as the legacy quads': docs/kernels.md)
+GEMM_PREFETCH = 4096
 
 
 # ------------------------------------------------------------------------------- gemv
@@ -220,11 +223,12 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
-def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
+def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0, pf=0):
     """y[n0 : n0 + n_live, :] for prepared tw-token tiles; `kind` picks the row decoder and tile
     dot at run time (one compiled kernel for every type; the branches are per row and per tile).
     paired: w in the pair layout. tasks: the prange steps (0: _GEMM_TASKS), each a run of whole
-    row groups."""
+    row groups. pf: the first tile of a group prefetches its rows' bytes from pf past their start
+    (0: GEMM_PREFETCH, -1: none)."""
     m, rb = w.shape
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // tw
@@ -236,6 +240,7 @@ def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
     nc = 2 * nblk if s16 else nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
     n_tasks = min(n_groups, tasks if tasks > 0 else _GEMM_TASKS)
+    ahead = GEMM_PREFETCH if pf == 0 else pf
     for task in nb.prange(n_tasks):
         u = empty_aligned(1, GEMM_ROWS * k, np.uint8)[0]  # [rows, k] decoded unsigned weights
         s = empty_aligned(1, GEMM_ROWS * ns, np.float32)[0]  # [rows, ns]
@@ -255,7 +260,9 @@ def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
                 live = min(tw, n_live - tile * tw)
                 xdo = tile * nblk * tw
                 xbo = 2 * xdo if s16 else xdo
-                tile_dot(kind, tw, u, 0, k, s, 0, ns, c, 0, nc, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0)
+                pfbytes = GEMM_ROWS * rb if tile == 0 and ahead > 0 else 0  # [r0, r0 + 4) are contiguous in both layouts
+                tile_dot(kind, tw, u, 0, k, s, 0, ns, c, 0, nc, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0,
+                         w, r0 * rb + ahead, pfbytes)
                 if tw == TOKENS and nr == GEMM_ROWS:  # four floats a token
                     store_quad(acc, y, n0 + tile * tw, live, r0)
                 else:
@@ -265,7 +272,7 @@ def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
 
 
 @nb.njit(cache=True, nogil=True)
-def _gemm(kind, paired, w, xq, xd, xs, y, tasks):
+def _gemm(kind, paired, w, xq, xd, xs, y, tasks, pf):
     """Passes of up to _TILE_BYTES of tokens: tile the pass's activations, then all rows. A pass of
     at most 8 tokens uses 8-token tiles (ymm lanes: faster than a half-empty 16-token tile where ymm
     and zmm vpdpbusd issue at the same rate; docs/kernels.md)."""
@@ -282,16 +289,17 @@ def _gemm(kind, paired, w, xq, xd, xs, y, tasks):
         xdt = empty_aligned(ntile, nblk * tw, np.float32)  # [ntile, k/32 · tw]
         xbt = empty_aligned(ntile, nb_ * nblk * tw, np.float32)  # [ntile, k/32 · (1|2) · tw]
         _prepare_tiles(xq, xd, xs, n0, tw, bias16, _int_bias(kind), xi, xdt, xbt)
-        _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks)
+        _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks, pf)
 
 
 @nb.njit(cache=True, nogil=True)
 def gemm_kquant(w, xq, xd, xs, y, kind, paired=0, tasks=0, pf=0, mode=0, threads=0):
     """y[n, m] = x @ W.T tiled over 16 (or 8) tokens, for every type: `kind` (KIND_*) picks the
     row decoder; paired: w in the pair layout. One compiled kernel for all types (see
-    typed_kernel). Knobs: tasks (the row loop's prange steps), threads (pf and mode unused)."""
+    typed_kernel). Knobs: tasks (the row loop's prange steps), pf (_gemm_rows' prefetch), threads
+    (mode unused)."""
     prev = fewer_threads(threads)
-    _gemm(kind, paired, w, xq, xd, xs, y, tasks)
+    _gemm(kind, paired, w, xq, xd, xs, y, tasks, pf)
     restore_threads(prev)
 
 
@@ -311,5 +319,6 @@ def kind_of(w) -> int | None:
     """The run-time kind of K-quant QTensor w's rows as they are stored (None: not a K-quant)."""
     return (PAIRED_KINDS if w.grouped else KINDS).get(w.qtype)
 
-# knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in bytes
-KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {}}
+# knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in
+# bytes; the gemm's (0 is GEMM_PREFETCH, -1 none)
+KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {"prefetch": (-1, 8192)}}

@@ -108,7 +108,7 @@ def _tiled_gemm(rows_kernel, kind, w, x, tw=16):
     xbt = np.empty((ntile, nb_ * nblk * tw), np.float32)
     mk._prepare_tiles(xq, xd, xs, 0, tw, nb_ == 2, mk._int_bias(kind), xi, xdt, xbt)
     y = np.full((n, w.n_rows), np.nan, np.float32)
-    rows_kernel(kind, tw, w.rows(), 0, n, xi, xdt, xbt, y)
+    rows_kernel(kind, 0, tw, w.rows(), 0, n, xi, xdt, xbt, y)
     return y
 
 
