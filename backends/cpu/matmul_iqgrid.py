@@ -49,7 +49,7 @@ _TILE_S32, _TILE_S16 = KIND_Q4K, KIND_Q2K
 
 _GEMV_TASKS = 32  # prange steps of the gemv, each allocating its scratch once (as matmul_legacy)
 GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm group and multiplied together per tile
-_GEMM_TASKS = 16  # prange steps of the gemm row loop (fixed: see matmul_kquants)
+_GEMM_TASKS = 16  # prange steps of the gemm row loop (not yet measured per thread, as matmul_kquants' are)
 _TILE_BYTES = 256 * 1024  # tokens per pass: one pass's tiles (tokens · k bytes) within ~256 KiB of L2
 
 
@@ -225,7 +225,7 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
                 live = min(tw, n_live - tile * tw)
                 xdo = tile * nblk * tw
                 xbo = 2 * xdo if per16 else xdo
-                tile_dot(fam, tw, u, 0, k, s, 0, ns, c, 0, ns, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0)
+                tile_dot(fam, tw, u, 0, k, s, 0, ns, c, 0, ns, xi, 32 * xdo, xdt, xdo, xbt, xbo, nblk, acc, 0, w, 0, 0)
                 for i in range(nr):
                     for t in range(live):
                         y[n0 + tile * tw + t, r0 + i] = acc[i * tw + t]

@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kernel_threads import fewer_threads, restore_threads
+from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
 from edged.backends.cpu.kquant_decode import decode_row
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
 from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
@@ -40,14 +40,14 @@ from edged.backends.cpu.typed_kernel import bind
 QK_K = 256  # elements per superblock
 GEMV_ROWS = 16  # rows per prange task in the gemv kernels
 GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied together per tile
-# prange steps of the gemm row loop; each allocates its scratch once (a fixed count: asking for the
-# thread count in a kernel defeats Numba's on-disk cache; more tasks cost allocations: docs/kernels.md)
-_GEMM_TASKS = 16
+# prange steps of the gemm row loop per thread; each allocates its scratch once (16 steps in all,
+# against 2 a thread: 3-5% slower at n = 16 and n = 512 on Zen 4, docs/kernels.md)
+GEMM_TASKS_PER_THREAD = 2
 # tokens per pass over the weights: one pass's tiles (tokens · k bytes) stay within ~256 KiB of L2
 _TILE_BYTES = 256 * 1024
 # bytes past a row group's first byte that its first tile prefetches when the knob is 0 (-1: none),
 # so the next groups' reads overlap the tile's arithmetic (as the legacy quads': docs/kernels.md)
-GEMM_PREFETCH = 4096
+GEMM_PREFETCH = 8192
 
 
 # ------------------------------------------------------------------------------- gemv
@@ -226,9 +226,9 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
 def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0, pf=0):
     """y[n0 : n0 + n_live, :] for prepared tw-token tiles; `kind` picks the row decoder and tile
     dot at run time (one compiled kernel for every type; the branches are per row and per tile).
-    paired: w in the pair layout. tasks: the prange steps (0: _GEMM_TASKS), each a run of whole
-    row groups. pf: the first tile of a group prefetches its rows' bytes from pf past their start
-    (0: GEMM_PREFETCH, -1: none)."""
+    paired: w in the pair layout. tasks: the prange steps, each a run of whole row groups (0:
+    GEMM_TASKS_PER_THREAD a thread). pf: the first tile of a group prefetches its rows' bytes
+    from pf past their start (0: GEMM_PREFETCH, -1: none)."""
     m, rb = w.shape
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // tw
@@ -239,7 +239,7 @@ def _gemm_rows(kind, paired, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0, pf=0):
     ns = 2 * nblk if s16 else nblk  # scales per row
     nc = 2 * nblk if s16 else nblk  # biases per row
     n_groups = (m + GEMM_ROWS - 1) // GEMM_ROWS
-    n_tasks = min(n_groups, tasks if tasks > 0 else _GEMM_TASKS)
+    n_tasks = min(n_groups, tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads())
     ahead = GEMM_PREFETCH if pf == 0 else pf
     for task in nb.prange(n_tasks):
         u = empty_aligned(1, GEMM_ROWS * k, np.uint8)[0]  # [rows, k] decoded unsigned weights
@@ -321,4 +321,4 @@ def kind_of(w) -> int | None:
 
 # knobs the tuner may try beside tasks (backends/cpu/tuning.py): the gemv's prefetch distance in
 # bytes; the gemm's (0 is GEMM_PREFETCH, -1 none)
-KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {"prefetch": (-1, 8192)}}
+KNOBS = {"gemv": {"prefetch": (1024, 4096)}, "gemm": {"prefetch": (-1, 4096)}}

@@ -34,7 +34,7 @@ from edged.backends.cpu.typed_kernel import bind
 QK_K = 256  # elements per superblock (MXFP4: per 8 blocks)
 GEMV_ROWS = 16  # rows per prange task in the gemv
 GEMM_ROWS = TILE_ROWS  # rows decoded together per gemm task and multiplied together per tile
-_GEMM_TASKS = 16  # prange steps of the gemm row loop, each allocating its scratch once (as matmul_kquants)
+_GEMM_TASKS = 16  # prange steps of the gemm row loop, each allocating its scratch once
 _TILE_BYTES = 256 * 1024  # tokens per pass over the weights: one pass's tiles within ~256 KiB of L2
 # tile_dot's body depends only on the family: Q4_K's kind selects "s32", Q6_K's "s16i"
 _TILE_S32, _TILE_S16I = KIND_Q4K, KIND_Q6K
@@ -148,9 +148,10 @@ def _gemm_rows(kind, tw, w, n0, n_live, xi, xdt, xbt, y, tasks=0):
                 xdo = tile * nblk * tw
                 if s16:
                     tile_dot(_TILE_S16I, tw, u, 0, k, s, 0, ns, c, 0, ns, xi, 32 * xdo, xdt, xdo, xbt, 2 * xdo, nblk,
-                             acc, 0)
+                             acc, 0, w, 0, 0)
                 else:
-                    tile_dot(_TILE_S32, tw, u, 0, k, s, 0, ns, c, 0, ns, xi, 32 * xdo, xdt, xdo, xbt, xdo, nblk, acc, 0)
+                    tile_dot(_TILE_S32, tw, u, 0, k, s, 0, ns, c, 0, ns, xi, 32 * xdo, xdt, xdo, xbt, xdo, nblk, acc, 0,
+                             w, 0, 0)
                 for i in range(nr):
                     for t in range(live):
                         y[n0 + tile * tw + t, r0 + i] = acc[i * tw + t]
