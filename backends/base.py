@@ -30,11 +30,12 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
     moe_block_step(router, k, gating, norm_topk, scale, gate_b, probs_b, gate, up, down, h, act)
         -> [n, d] or None (optional, CPU: the router's matmul and the routing too, at decode)
     attention_block_step(x [n, d], attn_norm, mats, wo, ffn_norm, kv, batch, rope, eps, scale, window, softcap,
-                         q_norm, k_norm, bqkv, bo, sinks, post_norm, moe) -> (x, h [n, d]) or None
+                         q_norm, k_norm, bqkv, bo, sinks, post_norm, moe, ffn) -> (x, h [n, d]) or None
         (optional, CPU: rms_norm, the q|k|v matmuls, rope_store_kv, attention, wo, the residual add
         (x in place) and rms_norm by ffn_norm in one call at decode, same bits; None where it does
-        not apply. moe: moe_block_step's arguments but h, to run it and its residual add in the
-        same call where it applies too, returning (x, None))
+        not apply. moe: moe_block_step's arguments but h; ffn: a dense layer's (gate, up, down, act,
+        post_ffn_norm): to run that block and its residual add in the same call where it applies
+        too, returning (x, None))
 
 Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
     upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle

@@ -300,7 +300,7 @@ class DecoderModel:
                 return x
         else:
             x, h = step
-            if h is None:  # the backend ran the MoE block and its residual add in the same call
+            if h is None:  # the backend ran the FFN (or MoE) block and its residual add in the same call
                 return x
         f = self._ffn(ops, lw.ffn, h) if lw.moe is None else moe_ffn(ops, lw.moe, h, self.ffn_act)
         if lw.post_ffn_norm is not None:
@@ -310,13 +310,15 @@ class DecoderModel:
 
     def _attention_step_args(self, lw: LayerWeights) -> tuple:
         """Layer lw's arguments to a backend's attention_block_step but x, kv and batch (which go
-        after the first four), with its MoE block's where the call may run it too."""
+        after the first four), with its MoE block's or dense FFN's where the call may run it too."""
         a = lw.attn
         mats = (a.wqkv,) if a.wqkv is not None else ((a.wqk, a.wv) if a.wqk is not None else (a.wq, a.wk, a.wv))
         moe = block_step_args(lw.moe, self.ffn_act) if lw.moe is not None and lw.post_ffn_norm is None else None
+        f = lw.ffn
+        ffn = (f.gate, f.up, f.down, self.ffn_act, lw.post_ffn_norm) if f is not None and lw.moe is None else None
         return (lw.attn_norm, mats, a.wo, lw.ffn_norm, lw.rope, self.hparams.eps, self.attn_scale, lw.window,
                 self.attn_softcap, a.q_norm, a.k_norm, None if a.bq is None else (a.bq, a.bk, a.bv), a.bo, a.sinks,
-                lw.post_attn_norm, moe)
+                lw.post_attn_norm, moe, ffn)
 
     def _attention_block(self, ops, lw: LayerWeights, x, batch: Batch, kv: LayerKV, rows):
         """The general path: (x + the attention block's output, rms_norm of it by ffn_norm), x and

@@ -17,6 +17,9 @@ import numpy as np
 from edged.backends.base import Batch, LayerKV, RopeParams, check_sinks
 from edged.backends.cpu import kv_codec
 from edged.backends.cpu.act_quant import quantized_q8
+from edged.backends.cpu.activations import (
+    _gelu_tanh_mul_rows, _gelu_tanh_mul_rows_serial, _silu_mul_rows, _silu_mul_rows_serial,
+)
 from edged.backends.cpu.attention import _CHUNK, _attention_chunks, _combine_chunks, _plan
 from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS
 from edged.backends.cpu.matmul import LEGACY_GEMVS, gemv_args, tuned_version
@@ -27,6 +30,8 @@ from edged.backends.cpu.rope_store import _rope_store_serial, _step_cos_sin
 from edged.quant.tensor import QTensor
 
 _NONE = np.zeros(0, np.float32)  # an absent bias / norm / sinks vector
+# the gated activations a dense FFN runs in the step (models/ffn.py names) -> _act's code
+FFN_ACTS = {"silu": 0, "gelu_tanh": 1}
 
 # error codes of _block, raised as the ops they stand for raise them
 _ERRORS = {
@@ -183,14 +188,91 @@ def _block_moe(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_
     return 0
 
 
+@nb.njit(cache=True, nogil=True)
+def _act(code, xg, g0, xu, u0, out):
+    """The gated activation op's kernel (FFN_ACTS code) by its size rule (runs_serial)."""
+    serial = out.size <= SERIAL_ELEMENTS
+    if code == 0:
+        if serial:
+            _silu_mul_rows_serial(xg, g0, xu, u0, out)
+        else:
+            _silu_mul_rows(xg, g0, xu, u0, out)
+    elif serial:
+        _gelu_tanh_mul_rows_serial(xg, g0, xu, u0, out)
+    else:
+        _gelu_tanh_mul_rows(xg, g0, xu, u0, out)
+
+
+@nb.njit(cache=True, nogil=True)
+def _ffn(x, h, eps, wg, ag, mg, wu, au, mu, wd, ad, act, post_norm):
+    """x float32 [n, d] += the dense gated FFN of h [n, d] (in place): down(act(gate(h), up(h))),
+    then post_norm where it is not empty. mg = 0: gate|up fused in wu (mu = 2·n_ff columns, wg
+    unused), else gate's and up's rows apart (mg = mu = n_ff)."""
+    n, d = x.shape
+    xq, xd, xs = quantized_q8(h)
+    if mg == 0:
+        gu = _gemv(wu, au, xq, xd, xs, mu)  # [n, 2·n_ff]: gate | up
+        a = np.empty((n, mu // 2), np.float32)  # [n, n_ff]
+        _act(act, gu, 0, gu, mu // 2, a)
+    else:
+        g = _gemv(wg, ag, xq, xd, xs, mg)  # [n, n_ff]
+        u = _gemv(wu, au, xq, xd, xs, mu)  # [n, n_ff]
+        a = np.empty((n, mg), np.float32)  # [n, n_ff]
+        _act(act, g, 0, u, 0, a)
+    aq, ad_, as_ = quantized_q8(a)
+    f = _gemv(wd, ad, aq, ad_, as_, d)  # [n, d]
+    if post_norm.shape[0] > 0:
+        fn = np.empty((n, d), np.float32)  # [n, d]
+        _norm(f, post_norm, eps, fn)
+        f = fn
+    for t in range(n):
+        for i in range(d):
+            x[t, i] = x[t, i] + f[t, i]
+
+
+@nb.njit(cache=True, nogil=True)
+def _block_ffn(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, attn_norm, eps, w0,
+               a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, window, scale, cap, sinks, wo, ao, bo,
+               post_norm, ffn_norm, wg, ag, mg, wu, au, mu, wd, ad, act, post_ffn_norm):
+    """_block, then _ffn of its h and the residual add: a dense layer's decode step whole.
+    Returns _block's codes."""
+    err = _block(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, attn_norm, eps, w0,
+                 a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, window, scale, cap, sinks, wo, ao, bo,
+                 post_norm, ffn_norm)
+    if err:
+        return err
+    _ffn(x, h, eps, wg, ag, mg, wu, au, mu, wd, ad, act, post_ffn_norm)
+    return 0
+
+
+def _ffn_args(n, d, ffn):
+    """_ffn's arguments after eps for ffn = (gate or None, up, down, act, post_ffn_norm), or None
+    where the step does not take it (another activation, a projection without a gemv here)."""
+    gate, up, down, act, post = ffn
+    if act not in FFN_ACTS or up is None or down is None:
+        return None
+    ws = (up, down) if gate is None else (gate, up, down)
+    args = [gemv_args(w, n) for w in ws]
+    if any(a is None for a in args) or any(len(w.shape) != 2 for w in ws):
+        return None
+    n_ff = up.shape[0] // 2 if gate is None else up.shape[0]
+    if (up.shape[1] != d or down.shape != (d, n_ff) or (gate is None and up.shape[0] % 2)
+            or (gate is not None and gate.shape != up.shape)):
+        return None
+    g, ga = (up, args[0]) if gate is None else (gate, args[0])
+    ua, da = args[-2], args[-1]
+    return (g.rows(), ga, 0 if gate is None else n_ff, up.rows(), ua, up.shape[0], down.rows(), da, FFN_ACTS[act],
+            _vec(post))
+
+
 def _vec(a) -> np.ndarray:
     return _NONE if a is None else np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _layer_args(n, d, kv_shape, attn_norm, mats, wo, ffn_norm, eps, scale, window, softcap, q_norm, k_norm, bqkv, bo,
-                sinks, post_norm, moe):
-    """(_block's arguments after positions, moe_step._block's around h or None) for n tokens of
-    width d, or None where the step does not apply."""
+                sinks, post_norm, moe, ffn=None):
+    """(_block's arguments after positions, moe_step._block's around h or None, _ffn's after eps
+    or None) for n tokens of width d, or None where the step does not apply."""
     if not 1 <= len(mats) <= 3:
         return None
     args = []
@@ -219,7 +301,8 @@ def _layer_args(n, d, kv_shape, attn_norm, mats, wo, ffn_norm, eps, scale, windo
         margs = moe_block_args(*moe[:10], np.empty((n, d), np.float32), moe[10])
         if margs is not None:
             margs = (*margs[0], *margs[1])
-    return attn, margs
+    fargs = _ffn_args(n, d, ffn) if ffn is not None else None
+    return attn, margs, fargs
 
 
 def _kept_layer_args(n, d, kv_shape, *layer):
@@ -238,7 +321,7 @@ def _kept_layer_args(n, d, kv_shape, *layer):
 def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: QTensor, ffn_norm: np.ndarray,
                          kv: LayerKV, batch: Batch, rope: RopeParams, eps: float, scale: float, window: int = 0,
                          softcap: float = 0.0, q_norm=None, k_norm=None, bqkv=None, bo=None, sinks=None,
-                         post_norm=None, moe=None):
+                         post_norm=None, moe=None, ffn=None):
     """The attention block of the residual x float32 [n, d] at decode: x += o (in place) and
     returns (x, rms_norm(x, ffn_norm)), where o is what rms_norm, matmuls over `mats` (1 to 3
     QTensors whose outputs side by side are q|k|v), the biases bqkv = (bq, bk, bv) where given,
@@ -250,16 +333,19 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
 
     moe, where given, is moe_block_step's arguments but h (router, k, gating, norm_topk, scale,
     gate_b, probs_b, gate, up, down, act): where that op applies too, the same call also adds its
-    output for h to x, and returns (x, None): the whole layer. What depends only on the weights
+    output for h to x, and returns (x, None): the whole layer. ffn, where given, is a dense
+    layer's (gate or None where up holds gate|up, up, down, act, post_ffn_norm or None): where its
+    projections run a gemv and act is in FFN_ACTS, the call also adds down(act(gate(h), up(h)))
+    (post-normed where given) to x and returns (x, None). What depends only on the weights
     and n is kept between calls made with the same objects (the decoder's per-layer tuples)."""
     n = x.shape[0] if x.ndim == 2 else 0
     if n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or batch.block_size != kv.k.shape[1]:
         return None
     layer = _kept_layer_args(n, x.shape[1], kv.k.shape, attn_norm, mats, wo, ffn_norm, eps, scale, window, softcap,
-                             q_norm, k_norm, bqkv, bo, sinks, post_norm, moe)
+                             q_norm, k_norm, bqkv, bo, sinks, post_norm, moe, ffn)
     if layer is None:
         return None
-    attn, margs = layer
+    attn, margs, fargs = layer
     positions = np.ascontiguousarray(batch.positions, dtype=np.int32)
     slots = np.ascontiguousarray(batch.slot_mapping, dtype=np.int32)
     block_tables = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
@@ -269,11 +355,16 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     h = np.empty_like(x)  # [n, d]
     step = (x, h, *_step_cos_sin(rope, positions, kv.k.shape[3]), *kv_codec.kernel_arrays(kv), slots, block_tables,
             seq_starts, positions)
-    err = _block(*step, *attn) if margs is None else _block_moe(*step, *attn, *margs)
+    if margs is not None:
+        err = _block_moe(*step, *attn, *margs)
+    elif fargs is not None:
+        err = _block_ffn(*step, *attn, *fargs)
+    else:
+        err = _block(*step, *attn)
     if err > 10:  # cannot happen: n <= max_n makes every group small, and the routing forms them well
         raise RuntimeError(f"attention_block_step: the routing's groups were refused (code {err - 10})")
     if err:
         kc = kv.k
         raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=seq_starts, n=n,
                                              rows=block_tables.shape[0]))
-    return x, (h if margs is None else None)
+    return x, (h if margs is None and fargs is None else None)

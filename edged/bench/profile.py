@@ -13,7 +13,8 @@ from collections import defaultdict
 
 # how ops are grouped in the report
 _OP_GROUP = {
-    "attention": "attention", "store_kv": "attention", "attention_block_step": "attention block",
+    # attention_block_step: a decode layer's attention block in one call, and its FFN where it takes it
+    "attention": "attention", "store_kv": "attention", "attention_block_step": "layer step",
     "rms_norm": "norms/rope/act", "rope": "norms/rope/act", "gelu_tanh_mul": "norms/rope/act",
     "silu_mul": "norms/rope/act", "softcap": "norms/rope/act", "add": "norms/rope/act",
     "scale": "norms/rope/act", "embed": "embed", "rope_store_kv": "norms/rope/act",  # + the KV store
@@ -22,7 +23,7 @@ _OP_GROUP = {
     "moe_combine": "norms/rope/act",  # a MoE layer's experts, their sum
 }
 # the ops per_step_ms reports, in order; a timed op of no group counts in "other ops"
-_OPS = ("matmul layers", "matmul output", "attention block", "attention", "norms/rope/act", "embed",
+_OPS = ("matmul layers", "matmul output", "layer step", "attention", "norms/rope/act", "embed",
         "other ops")
 
 

@@ -1,8 +1,9 @@
 """cpu.attention_block_step (a decode step's attention block in one call) against the ops it stands
 for, one after another, bit for bit: fused q|k|v, q|k beside v and separate projections; every KV
 type; q/k norms, biases, sinks, a window, a soft-cap and a post-attention norm; one token, and
-tokens of several sequences (one with more keys than an attention chunk). None where it does not
-apply, with nothing written; bad slots and block tables raise as the ops raise.
+tokens of several sequences (one with more keys than an attention chunk); a MoE or dense layer's
+FFN and residual add in the same call. None where it does not apply, with nothing written; bad
+slots and block tables raise as the ops raise.
 """
 
 import numpy as np
@@ -212,6 +213,71 @@ def test_a_moe_layer_whole_in_one_call(positions):
     alone = cpu.attention_block_step(x.copy(), o["attn_norm"], mats, wo, o["ffn_norm"], kv_step, batch, ROPE, EPS,
                                      SCALE, 0, 0.0, o["q_norm"], o["k_norm"], moe=not_silu)
     assert alone[1] is not None and np.array_equal(alone[1], h)
+
+
+def _ffn_weights(layout, ff=512):
+    """(gate or None, up, down) as the backend holds them: gate|up fused in one matrix of one
+    type (Gemma 3's Q5_0) or gate and up apart (K-quants), down of another type."""
+    if layout == "fused":
+        gu = random_qtensor(T.Q5_0, 2 * ff, D, seed=21, name="gate_up")
+        down = random_qtensor(T.Q6_K, D, ff, seed=22, name="down")
+        return None, cpu.upload_matrix(gu), cpu.upload_matrix(down)
+    gate, up = (random_qtensor(T.Q4_K, ff, D, seed=s, name=n) for s, n in ((23, "gate"), (24, "up")))
+    down = random_qtensor(T.Q8_0, D, ff, seed=25, name="down")
+    return tuple(cpu.upload_matrix(w) for w in (gate, up, down))
+
+
+def _ffn_ops(x, h, gate, up, down, act, post):
+    """What models/ffn.py and the decoder run after the attention block: x += post(down(act(...)))."""
+    if gate is None:
+        gu = cpu.matmul(up, h)
+        half = gu.shape[1] // 2
+        g, u = cpu.slice_cols(gu, 0, half), cpu.slice_cols(gu, half, 2 * half)
+    else:
+        g, u = cpu.matmuls((gate, up), h)
+    f = cpu.matmul(down, cpu.silu_mul(g, u) if act == "silu" else cpu.gelu_tanh_mul(g, u))
+    if post is not None:
+        f = cpu.rms_norm(f, post, EPS)
+    return cpu.add(x, f, out=x)
+
+
+@pytest.mark.parametrize("layout, act, post", [("fused", "gelu_tanh", True), ("fused", "silu", False),
+                                               ("apart", "silu", False), ("apart", "gelu_tanh", True)])
+@pytest.mark.parametrize("positions", [[37], [300, 5, 70]])
+def test_a_dense_layer_whole_in_one_call(layout, act, post, positions):
+    """With a dense layer's FFN the step also runs it on its h and adds it to x: the bits of the
+    attention ops, the gated FFN's matmuls and activation, the post-FFN norm and add."""
+    mats, wo = _mats("legacy_qk_v")
+    o = _vectors(7, ("norms", "post_norm") if post else ("norms",))
+    gate, up, down = _ffn_weights(layout)
+    post_ffn = np.random.default_rng(9).uniform(0.5, 1.5, D).astype(np.float32) if post else None
+    batch = _batch(positions)
+    x = np.random.default_rng(8).standard_normal((len(positions), D)).astype(np.float32)
+    kv_step, kv_ops = _filled_kv("f16", 3), _filled_kv("f16", 3)
+    got = cpu.attention_block_step(x.copy(), o["attn_norm"], mats, wo, o["ffn_norm"], kv_step, batch, ROPE, EPS, SCALE,
+                                   0, 0.0, o["q_norm"], o["k_norm"], post_norm=o["post_norm"],
+                                   ffn=(gate, up, down, act, post_ffn))
+    assert got is not None and got[1] is None
+    xw, h = _ops(x.copy(), mats, wo, kv_ops, batch, o)
+    want = _ffn_ops(xw, h, gate, up, down, act, post_ffn)
+    assert np.array_equal(got[0], want)
+    assert np.array_equal(kv_step.k, kv_ops.k)
+
+
+def test_a_dense_ffn_the_step_does_not_take_leaves_the_attention_block_alone():
+    """Another activation (gpt-oss's clamped SwiGLU), or a down projection with no gemv here (F16):
+    the step runs the attention block alone and returns its h, as without ffn."""
+    mats, wo = _mats("qk_v")
+    o = _vectors(2, ("norms",))
+    gate, up, down = _ffn_weights("apart")
+    down16 = random_qtensor(T.F16, D, 512, seed=26, name="down16")
+    batch = _batch([37])
+    x = np.random.default_rng(4).standard_normal((1, D)).astype(np.float32)
+    _, want_h = _ops(x.copy(), mats, wo, _filled_kv("f16", 1), batch, o)
+    for ffn in ((gate, up, down, "swiglu_oai", None), (gate, up, down16, "silu", None)):
+        got = cpu.attention_block_step(x.copy(), o["attn_norm"], mats, wo, o["ffn_norm"], _filled_kv("f16", 1), batch,
+                                       ROPE, EPS, SCALE, 0, 0.0, o["q_norm"], o["k_norm"], ffn=ffn)
+        assert got is not None and got[1] is not None and np.array_equal(got[1], want_h), ffn[3]
 
 
 def test_kept_arguments_follow_the_weights_and_the_batch():

@@ -38,9 +38,9 @@ def test_profiler_counts_phases_and_detaches(tiny, clock):
             assert ms[k] > 0, k
         assert ms["step total"] >= ms["matmul layers"] + ms["sample"]
         # every timed op lands in a reported row, not in "forward python" (the decode step's fused
-        # attention block once did)
-        assert set(prof.calls) <= set(ms) and prof.calls["attention block"] > 0
-        assert ms["attention block"] > 0 and ms["forward python"] >= 0
+        # layer step once did)
+        assert set(prof.calls) <= set(ms) and prof.calls["layer step"] > 0
+        assert ms["layer step"] > 0 and ms["forward python"] >= 0
         assert prof.tokens >= 2 + 2 * 4  # a prompt token or more each (prefix cache), 4 decode steps each
         assert model.layer_ops is layer_ops and model.output_ops is out_ops
         assert eng.step_timer is None

@@ -3,8 +3,9 @@ its projections run through a K-quant or block-type gemv, and every architecture
 and top-5 logprobs equal those of the general path (the backend without the step): plain
 attention (llama), q/k/v biases (qwen2), q/k norms (qwen3), post-attention norms with soft-capping
 and a window (gemma2), sinks, an output bias and YaRN (gpt-oss), the 32-element block types
-(gemma3 in Q5_0, llama in Q8_0); and a qwen3moe layer whole (attention, its routed Q4_K experts
-and both residual adds) in the one call."""
+(gemma3 in Q5_0, llama in Q8_0); and every layer whole in the one call (attention, the dense
+gated FFN or a qwen3moe layer's routed Q4_K experts, and both residual adds) but gpt-oss's (its
+clamped SwiGLU experts run apart)."""
 
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -28,13 +29,13 @@ def test_decode_takes_the_step_with_the_general_paths_bits(tmp_path, monkeypatch
 
     def step(x, *args):
         out = real(x, *args)
-        taken.append((x.shape[0], out is not None and (out[1] is None) == (arch == "qwen3moe")))
+        taken.append((x.shape[0], out is not None and (out[1] is None) == (arch != "gpt-oss")))
         return out
 
     monkeypatch.setattr(cpu, "attention_block_step", step)
     prompt = [5, 17, 42, 99, 7, 3, 250, 11]
     fused = greedy(load_model(gf), prompt, 6)
-    assert (1, True) in taken  # the decode tokens' layers took it (the whole layer where it is a MoE)
+    assert (1, True) in taken  # the decode tokens' layers took it (the whole layer but gpt-oss's)
     monkeypatch.delattr(cpu, "attention_block_step")
     plain = greedy(load_model(gf), prompt, 6)
     assert fused.ids == plain.ids and fused.steps == plain.steps
