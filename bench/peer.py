@@ -179,17 +179,30 @@ def _level(url: str, conc: int, n_req: int, prompt_tokens: int, gen: int, seed: 
     return asyncio.run(run_level(url, conc, prompts, gen))
 
 
-def bench_single(servers: list[Server], repeat: int) -> dict:
-    """Prefill tok/s (512-token prompt, TTFT) and decode tok/s (1 / median ITL), alternating."""
+def bench_single(servers: list[Server], repeat: int, bandwidth=None) -> dict:
+    """Prefill tok/s (512-token prompt, TTFT) and decode tok/s (1 / median ITL), alternating;
+    with bandwidth() (GB/s) sampled before each round under "bandwidth_gbs": on a shared VM it
+    swung 22-41 GB/s a minute apart, and edged's decode with it (docs/BENCHMARKS.md)."""
     figs = {s.name: {"prefill_tok_s": [], "decode_tok_s": []} for s in servers}
+    bw = []
     for r in range(repeat):
+        if bandwidth is not None:
+            bw.append(bandwidth())
         order = servers if r % 2 == 0 else servers[::-1]
         for s in order:
             pf = _level(s.url, 1, 1, 512, 1, 1000 + r)
             dec = _level(s.url, 1, 1, 32, 128, 2000 + r)
             figs[s.name]["prefill_tok_s"].append(pf.prompt_tokens / pf.ttft_s["p50"])
             figs[s.name]["decode_tok_s"].append(1.0 / dec.itl_s["p50"])
-    return {n: {k: {"median": statistics.median(v), "runs": v} for k, v in d.items()} for n, d in figs.items()}
+    out = {n: {k: {"median": statistics.median(v), "runs": v} for k, v in d.items()} for n, d in figs.items()}
+    return {**out, "bandwidth_gbs": bw} if bw else out
+
+
+def _bandwidth_gbs() -> float:
+    """This machine's streaming read now (256 MiB, median of 3), GB/s."""
+    from edged.bench.kernels import measure_bandwidth
+
+    return measure_bandwidth(256 << 20, repeat=3)
 
 
 def _training_context(model: str) -> int:
@@ -282,7 +295,7 @@ def run(argv=None) -> int:
                 s.wait_ready()
             _level(servers[0].url, 1, 1, 16, 4, 1)  # warm both before timing
             _level(servers[1].url, 1, 1, 16, 4, 1)
-            r = bench_single(servers, a.repeat)
+            r = bench_single(servers, a.repeat, _bandwidth_gbs)
         finally:
             for s in servers:
                 s.stop()
@@ -291,6 +304,8 @@ def run(argv=None) -> int:
         print(f"{'':24}{'edged':>12}{'llama.cpp':>12}{'ratio':>8}")
         for k in ("prefill_tok_s", "decode_tok_s"):
             print(f"{k:24}{e[k]['median']:>12.1f}{l[k]['median']:>12.1f}{e[k]['median'] / l[k]['median']:>8.2f}")
+        bw = r["bandwidth_gbs"]
+        print(f"memory bandwidth before each round: {min(bw):.1f}-{max(bw):.1f} GB/s (median {statistics.median(bw):.1f})")
     elif a.mode == "long":
         results["contexts"] = {}
         print(f"{'context':>8} {'prompt tok':>10} {'prefill e/l tok/s':>20} {'ratio':>6} "
