@@ -45,6 +45,10 @@ MIN_SAMPLE_S = 2e-4  # a sample repeats its pass over the tensors until it lasts
 TASK_FACTORS = (1, 4, 16, 64)  # task counts tried: these multiples of the thread count
 CROSSOVER_NS = (2, 4, 8, 16, 24, 32)  # batches at which gemv and gemm are compared
 GEMM_N = 16  # the gemm class is timed at one 16-token tile through the gemm: a c = 16 decode step
+# other processes' CPU time (steal included) while timing, as a share of all CPUs, past which the
+# choices are not kept: one such tuning picked threads=1 for two gemm classes and left a c = 16
+# step 20% slower until a retune (docs/kernels.md)
+SHARED = 0.25
 CROSSOVER = "crossover"  # the cache's entry for the gemv's largest n, beside the size classes
 
 
@@ -107,6 +111,30 @@ def busy() -> str | None:
         return None
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return f"the machine is busy (load {load:.1f} on {ncpu} CPUs)" if load > ncpu else None
+
+
+def cpu_snapshot() -> tuple[float, float] | None:
+    """(CPU seconds every CPU spent busy or stolen, this process's CPU seconds) now, or None where
+    /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    t = os.times()
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), t.user + t.system
+
+
+def others_share(before, after, seconds: float) -> float:
+    """The share of all CPUs that other processes (and the hypervisor) used between two
+    cpu_snapshot()s `seconds` apart; 0.0 where either is None."""
+    if before is None or after is None or seconds <= 0:
+        return 0.0
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others) / (seconds * (os.cpu_count() or 1))  # /proc/stat sums every CPU
 
 
 def _threads() -> int:
@@ -456,7 +484,9 @@ def ensure(tensors, *, retune: bool | None = None, tune: bool = True, budget: fl
     class" timed now], "shapes": the cache, "seconds", and "deferred" (why nothing was timed) or
     "busy" (timed anyway)}. EDGED_TUNE=0 (and the test suite, unless asked) installs the defaults
     and reads nothing; retune=True times anyway. While the machine is busy (busy()) nothing is
-    timed unless retune or EDGED_TUNE=force: a later load tunes.
+    timed unless retune or EDGED_TUNE=force: a later load tunes. Where other processes used more
+    than SHARED of the CPUs while timing (others_share), what was timed is dropped, not cached
+    ("deferred"), unless retune or EDGED_TUNE=force ("busy").
 
     Budget: what three rounds of fits is timed, n = 1 classes of every shape first (decode matters
     most), then gemv, gemm and the crossover, the largest first within each; the rest is recorded
@@ -483,11 +513,23 @@ def ensure(tensors, *, retune: bool | None = None, tune: bool = True, budget: fl
     elif why:
         out["busy"] = why
     if todo:
-        t0 = time.perf_counter()
+        t0, snap = time.perf_counter(), cpu_snapshot()
         _tune_all(todo, groups, shapes, budget_s() if budget is None else budget, log)
-        out["tuned"] = [f"{shape_key(*g)} {_part_name(c)}" for c, g in todo]
         out["seconds"] = time.perf_counter() - t0
-        write_cache(shapes, path, key)
+        shared = others_share(snap, cpu_snapshot(), out["seconds"])
+        if shared > SHARED and not retune and setting_now != "force":  # drop what was timed now
+            for c, g in todo:
+                classes = shapes.get(shape_key(*g), {})
+                classes.pop(_part_name(c), None)
+                if not classes:
+                    shapes.pop(shape_key(*g), None)
+            out["deferred"] = (f"other processes used {shared:.0%} of the CPUs while timing: {len(todo)} shape "
+                               f"classes keep the defaults for now")
+        else:
+            if shared > SHARED:
+                out["busy"] = f"other processes used {shared:.0%} of the CPUs while timing"
+            out["tuned"] = [f"{shape_key(*g)} {_part_name(c)}" for c, g in todo]
+            write_cache(shapes, path, key)
     install(shapes)
     return out
 

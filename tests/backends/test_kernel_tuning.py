@@ -2,6 +2,7 @@
 cache of choices is written, re-read, keyed by the CPU and ignored when corrupt."""
 
 import json
+import os
 import warnings
 
 import numba as nb
@@ -73,6 +74,7 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "MIN_ROUNDS", 1)
     monkeypatch.setattr(tuning, "MAX_ROUNDS", 1)
     monkeypatch.setattr(tuning, "busy", lambda: None)  # the test machine may be busy
+    monkeypatch.setattr(tuning, "others_share", lambda *a: 0.0)  # ... and other tests run beside this one
     yield tmp_path
     set_tuned({})
 
@@ -203,6 +205,33 @@ def test_busy_machine_defers_unless_forced(cache_dir, monkeypatch):
     assert "busy" in out["deferred"] and out["tuned"] == [] and not tuning.cache_path().exists()
     forced = tuning.ensure(_tensors()[:1], retune=True, budget=5.0)
     assert forced["tuned"] and "busy" in forced["busy"] and tuning.cache_path().exists()
+
+
+def test_timing_beside_other_processes_is_not_kept_unless_forced(cache_dir, monkeypatch):
+    """Where other processes took more than SHARED of the CPUs while it timed, the tuner keeps
+    nothing it timed (defaults, no cache: a later load tunes again), but what the cache already
+    held stays installed; a forced retune keeps its choices and says the machine was shared."""
+    key = tuning.cpu_key()
+    cached = {"Q4_K 8x256": {"n1": {"n": 1, "choice": "tasks=2", "knobs": [2, 0, 0, 0], "ms": {}}}}
+    tuning.write_cache(cached, key=key)
+    monkeypatch.setattr(tuning, "others_share", lambda *a: tuning.SHARED + 0.1)
+    out = tuning.ensure(_tensors(), budget=5.0)
+    assert "other processes" in out["deferred"] and out["tuned"] == []
+    assert set(out["shapes"]) == {"Q4_K 8x256"} and set(out["shapes"]["Q4_K 8x256"]) == {"n1"}
+    assert tuning.read_cache(key=key) == cached  # not rewritten
+    assert tuned() == {(T.Q4_K, 8, 256): ((2, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0), gemv_max_n(T.Q4_K))}
+    forced = tuning.ensure(_tensors(), retune=True, budget=5.0)
+    assert forced["tuned"] and "other processes" in forced["busy"] and "Q8_0 24x64" in tuning.read_cache(key=key)
+
+
+def test_others_share_counts_other_cpu_time_only():
+    """Busy CPU time that is this process's own is not counted; the rest is a share of all CPUs."""
+    ncpu = os.cpu_count() or 1
+    assert tuning.others_share((100.0, 10.0), (104.0, 12.0), 2.0) == pytest.approx(2.0 / (2.0 * ncpu))
+    assert tuning.others_share((100.0, 10.0), (102.0, 12.0), 2.0) == 0.0
+    assert tuning.others_share(None, (1.0, 1.0), 1.0) == 0.0
+    snap = tuning.cpu_snapshot()
+    assert snap is None or (snap[0] > 0 and snap[1] > 0)
 
 
 def test_noisy_samples_keep_the_default(monkeypatch):
