@@ -46,8 +46,8 @@ TASK_FACTORS = (1, 4, 16, 64)  # task counts tried: these multiples of the threa
 CROSSOVER_NS = (2, 4, 8, 16, 24, 32)  # batches at which gemv and gemm are compared
 GEMM_N = 16  # the gemm class is timed at one 16-token tile through the gemm: a c = 16 decode step
 # other processes' CPU time (steal included) while timing, as a share of all CPUs, past which the
-# choices are not kept: one such tuning picked threads=1 for two gemm classes and left a c = 16
-# step 20% slower until a retune (docs/kernels.md)
+# choices are not kept: one such tuning picked threads=1 for two gemm classes and left c = 16
+# decode 8% slower until a retune (docs/kernels.md)
 SHARED = 0.25
 CROSSOVER = "crossover"  # the cache's entry for the gemv's largest n, beside the size classes
 
