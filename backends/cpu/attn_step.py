@@ -104,6 +104,20 @@ def _add_row(y, b):
 
 
 @nb.njit(cache=True, nogil=True)
+def _add_residual(x, f, norm, eps):
+    """x float32 [n, d] += rms_norm(f, norm) where norm is not empty, else += f (ops.add's float32
+    add, after ops.rms_norm by its size rule)."""
+    n, d = x.shape
+    if norm.shape[0] > 0:
+        fn = np.empty((n, d), np.float32)  # [n, d]
+        _norm(f, norm, eps, fn)
+        f = fn
+    for t in range(n):
+        for i in range(d):
+            x[t, i] = x[t, i] + f[t, i]
+
+
+@nb.njit(cache=True, nogil=True)
 def _block(x, h_out, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_starts, positions, attn_norm, eps, w0,
            a0, m0, w1, a1, m1, w2, a2, m2, nh, bq, bk, bv, q_norm, k_norm, window, scale, cap, sinks, wo, ao, bo,
            post_norm, ffn_norm):
@@ -154,13 +168,7 @@ def _block(x, h_out, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_
     o = _gemv(wo, ao, aq, ad, as_, d)  # [n, d]
     if bo.shape[0] > 0:
         _add_row(o, bo)
-    if post_norm.shape[0] > 0:
-        on = np.empty((n, d), np.float32)  # [n, d]
-        _norm(o, post_norm, eps, on)
-        o = on
-    for t in range(n):
-        for i in range(d):
-            x[t, i] = x[t, i] + o[t, i]
+    _add_residual(x, o, post_norm, eps)
     _norm(x, ffn_norm, eps, h_out)
     return 0
 
@@ -182,9 +190,7 @@ def _block_moe(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_
                     kind_d, h, n_expert, max_n, f)
     if err:
         return 10 + err
-    for t in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            x[t, i] = x[t, i] + f[t, i]
+    _add_residual(x, f, np.empty(0, np.float32), eps)
     return 0
 
 
@@ -220,14 +226,7 @@ def _ffn(x, h, eps, wg, ag, mg, wu, au, mu, wd, ad, act, post_norm):
         a = np.empty((n, mg), np.float32)  # [n, n_ff]
         _act(act, g, 0, u, 0, a)
     aq, ad_, as_ = quantized_q8(a)
-    f = _gemv(wd, ad, aq, ad_, as_, d)  # [n, d]
-    if post_norm.shape[0] > 0:
-        fn = np.empty((n, d), np.float32)  # [n, d]
-        _norm(f, post_norm, eps, fn)
-        f = fn
-    for t in range(n):
-        for i in range(d):
-            x[t, i] = x[t, i] + f[t, i]
+    _add_residual(x, _gemv(wd, ad, aq, ad_, as_, d), post_norm, eps)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -252,17 +251,16 @@ def _ffn_args(n, d, ffn):
     if act not in FFN_ACTS or up is None or down is None:
         return None
     ws = (up, down) if gate is None else (gate, up, down)
-    args = [gemv_args(w, n) for w in ws]
-    if any(a is None for a in args) or any(len(w.shape) != 2 for w in ws):
+    args = [gemv_args(w, n) for w in ws]  # None also for a matrix that is not 2-D
+    if any(a is None for a in args):
         return None
     n_ff = up.shape[0] // 2 if gate is None else up.shape[0]
     if (up.shape[1] != d or down.shape != (d, n_ff) or (gate is None and up.shape[0] % 2)
             or (gate is not None and gate.shape != up.shape)):
         return None
-    g, ga = (up, args[0]) if gate is None else (gate, args[0])
-    ua, da = args[-2], args[-1]
-    return (g.rows(), ga, 0 if gate is None else n_ff, up.rows(), ua, up.shape[0], down.rows(), da, FFN_ACTS[act],
-            _vec(post))
+    g = up if gate is None else gate  # an unused slot where gate|up is one matrix (mg = 0)
+    return (g.rows(), args[0], 0 if gate is None else n_ff, up.rows(), args[-2], up.shape[0], down.rows(), args[-1],
+            FFN_ACTS[act], _vec(post))
 
 
 def _vec(a) -> np.ndarray:
