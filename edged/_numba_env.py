@@ -144,7 +144,7 @@ def configure_numba() -> None:
     kernel inlines, so the directory name carries all three: an upgrade or an edit never loads stale
     machine code. Directories of earlier sources of the same version are pruned after a day.
     """
-    if "numba" in sys.modules:
+    if "numba" in sys.modules and not _numba_untouched():
         return  # too late to change codegen settings; keep whatever the host process chose
     from edged import __version__
 
@@ -158,6 +158,21 @@ def configure_numba() -> None:
         root = cache_root() / "numba"
         os.environ["NUMBA_CACHE_DIR"] = str(root / (tag + kernel_source_hash()))
         _prune(root, tag, keep=Path(os.environ["NUMBA_CACHE_DIR"]).name)
+    if "numba" in sys.modules:  # imported (pytest's `-W error::numba.NumbaWarning` does) but idle
+        from numba.core import config
+
+        config.reload_config()
+
+
+def _numba_untouched() -> bool:
+    """Whether the imported Numba has compiled nothing and started no threads yet, so that the
+    settings read at first use (cache directory, SLP, threading layer) can still be set: without
+    them its cache sits beside the sources, keyed on the defining file only, and loads stale
+    machine code after an edit to a helper module."""
+    from numba.core.registry import cpu_target
+    from numba.np.ufunc import parallel
+
+    return "_toplevel_target_context" not in vars(cpu_target) and not parallel._is_initialized
 
 
 def _prune(root: Path, prefix: str, keep: str, max_age_s: float = 86400.0) -> None:

@@ -2,6 +2,9 @@
 keeps compiled kernels, editing a kernel or a module a kernel imports recompiles them."""
 
 import ast
+import os
+import subprocess
+import sys
 import shutil
 from pathlib import Path
 
@@ -74,3 +77,28 @@ def test_import_scan_matches_the_parser_on_every_module():
                 want.add(base)
                 want.update(f"{base}.{a.name}" for a in node.names)
         assert _numba_env._imports(name, path) == want, name
+
+
+def _config_after(code: str, tmp_path) -> list[str]:
+    """NUMBA_CACHE_DIR, SLP and threading layer settings after `code` then `import edged`, in a
+    fresh interpreter with its own cache root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    script = code + "\nimport edged\nfrom numba.core import config\n" \
+        "print(config.CACHE_DIR, config.SLP_VECTORIZE, config.THREADING_LAYER, sep='|')"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip().split("|")
+
+
+def test_numba_imported_first_but_idle_still_gets_edged_settings(tmp_path):
+    """pytest's `-W error::numba.NumbaWarning` imports numba before edged: the versioned cache
+    (not one beside the sources, which would load stale kernels after a helper module changes),
+    SLP and omp still apply while Numba has compiled nothing."""
+    cache_dir, slp, layer = _config_after("import numba", tmp_path)
+    assert Path(cache_dir).is_relative_to(tmp_path) and slp == "1" and layer == "omp"
+
+
+def test_a_host_that_compiled_first_keeps_its_numba_settings(tmp_path):
+    """Once the host process has compiled, edged changes none of its settings."""
+    out = _config_after("import numba\nnumba.njit(lambda x: x + 1)(1)", tmp_path)
+    assert out[1] == "0" and not out[0].startswith(str(tmp_path))
