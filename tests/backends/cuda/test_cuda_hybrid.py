@@ -23,8 +23,9 @@ def _tiny(arch: str, tmp: str):
     return gf, greedy(load_model(gf), PROMPT, N_NEW).ids
 
 
-# the simulator runs every CUDA thread as a Python thread (~5 min a case on 2 cores): the default
-# suite runs llama with 1 of 2 layers on the GPU and gemma3 wholly on it; -m slow adds the others
+# the simulator runs every CUDA thread as a Python thread (1.3-2.7 min a case on 2 cores, with the
+# conftest's GIL switch interval): the default suite runs llama with 1 of 2 layers on the GPU and
+# gemma3 wholly on it; -m slow adds the others
 @pytest.mark.parametrize("arch,gpu_layers", [
     ("llama", "1"), ("gemma3", "all"),
     pytest.param("llama", "all", marks=pytest.mark.slow), pytest.param("gemma3", "1", marks=pytest.mark.slow),
