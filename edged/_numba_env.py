@@ -148,6 +148,7 @@ def configure_numba() -> None:
         return  # too late to change codegen settings; keep whatever the host process chose
     from edged import __version__
 
+    unset = {name for name, *_ in _CONFIG if name not in os.environ}
     os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
     os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
     # decode launches grids smaller than the GPU by design: numba-cuda would warn at every new shape
@@ -161,7 +162,18 @@ def configure_numba() -> None:
     if "numba" in sys.modules:  # imported (pytest's `-W error::numba.NumbaWarning` does) but idle
         from numba.core import config
 
-        config.reload_config()
+        for name, attr, kind, default in _CONFIG:  # what edged set, where the host left numba's default
+            if name in unset and getattr(config, attr) == default:
+                setattr(config, attr, kind(os.environ[name]))
+
+
+# the settings configure_numba gives an imported Numba: (variable, config attribute, type, Numba's default)
+_CONFIG = (
+    ("NUMBA_SLP_VECTORIZE", "SLP_VECTORIZE", int, 0),
+    ("NUMBA_THREADING_LAYER", "THREADING_LAYER", str, "default"),
+    ("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "CUDA_LOW_OCCUPANCY_WARNINGS", int, 1),
+    ("NUMBA_CACHE_DIR", "CACHE_DIR", str, ""),
+)
 
 
 def _numba_untouched() -> bool:

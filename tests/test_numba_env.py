@@ -102,3 +102,10 @@ def test_a_host_that_compiled_first_keeps_its_numba_settings(tmp_path):
     """Once the host process has compiled, edged changes none of its settings."""
     out = _config_after("import numba\nnumba.njit(lambda x: x + 1)(1)", tmp_path)
     assert out[1] == "0" and not out[0].startswith(str(tmp_path))
+
+
+def test_an_idle_host_keeps_what_it_set_in_numba_config(tmp_path):
+    """A host that set Numba's config in code (not the environment) before importing edged keeps
+    that setting; edged fills in the ones it left at Numba's defaults."""
+    cache_dir, slp, layer = _config_after("import numba\nnumba.config.THREADING_LAYER = 'workqueue'", tmp_path)
+    assert layer == "workqueue" and slp == "1" and Path(cache_dir).is_relative_to(tmp_path)
