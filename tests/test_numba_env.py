@@ -3,9 +3,9 @@ keeps compiled kernels, editing a kernel or a module a kernel imports recompiles
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 
 import pytest

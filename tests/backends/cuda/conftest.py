@@ -34,7 +34,7 @@ def _need_simulator():
 
 # The simulator runs each CUDA thread as a Python thread and each syncthreads() as a barrier its
 # block manager polls for; at Python's 5 ms GIL switch interval a 128-thread barrier took ~34 ms,
-# at 0.1 ms ~6 ms (the hybrid model tests: ~4x faster).
+# at 0.1 ms ~6 ms (the hybrid model tests: 3-4x faster).
 SWITCH_INTERVAL_S = 1e-4
 
 
@@ -44,4 +44,3 @@ def _quick_thread_switches():
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     yield
     sys.setswitchinterval(before)
-
