@@ -137,6 +137,16 @@ def kernel_source_hash(root: Path | None = None) -> str:
     return h.hexdigest()[:8]
 
 
+# the settings configure_numba gives an imported Numba: variable -> (config attribute, Numba's
+# default, whose type is the setting's)
+_CONFIG = {
+    "NUMBA_SLP_VECTORIZE": ("SLP_VECTORIZE", 0),
+    "NUMBA_THREADING_LAYER": ("THREADING_LAYER", "default"),
+    "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS": ("CUDA_LOW_OCCUPANCY_WARNINGS", 1),
+    "NUMBA_CACHE_DIR": ("CACHE_DIR", ""),
+}
+
+
 def configure_numba() -> None:
     """Turn on SLP vectorization (VNNI codegen), the omp threading layer and a versioned JIT cache.
 
@@ -144,11 +154,12 @@ def configure_numba() -> None:
     kernel inlines, so the directory name carries all three: an upgrade or an edit never loads stale
     machine code. Directories of earlier sources of the same version are pruned after a day.
     """
-    if "numba" in sys.modules and not _numba_untouched():
+    imported = "numba" in sys.modules
+    if imported and not _numba_untouched():
         return  # too late to change codegen settings; keep whatever the host process chose
     from edged import __version__
 
-    unset = {name for name, *_ in _CONFIG if name not in os.environ}
+    unset = [name for name in _CONFIG if name not in os.environ]
     os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
     os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
     # decode launches grids smaller than the GPU by design: numba-cuda would warn at every new shape
@@ -159,21 +170,13 @@ def configure_numba() -> None:
         root = cache_root() / "numba"
         os.environ["NUMBA_CACHE_DIR"] = str(root / (tag + kernel_source_hash()))
         _prune(root, tag, keep=Path(os.environ["NUMBA_CACHE_DIR"]).name)
-    if "numba" in sys.modules:  # imported (pytest's `-W error::numba.NumbaWarning` does) but idle
+    if imported:  # but idle (pytest's `-W error::numba.NumbaWarning` imports it first)
         from numba.core import config
 
-        for name, attr, kind, default in _CONFIG:  # what edged set, where the host left numba's default
-            if name in unset and getattr(config, attr) == default:
-                setattr(config, attr, kind(os.environ[name]))
-
-
-# the settings configure_numba gives an imported Numba: (variable, config attribute, type, Numba's default)
-_CONFIG = (
-    ("NUMBA_SLP_VECTORIZE", "SLP_VECTORIZE", int, 0),
-    ("NUMBA_THREADING_LAYER", "THREADING_LAYER", str, "default"),
-    ("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "CUDA_LOW_OCCUPANCY_WARNINGS", int, 1),
-    ("NUMBA_CACHE_DIR", "CACHE_DIR", str, ""),
-)
+        for name in unset:  # what edged set, where the host left Numba's default
+            attr, default = _CONFIG[name]
+            if getattr(config, attr) == default:
+                setattr(config, attr, type(default)(os.environ[name]))
 
 
 def _numba_untouched() -> bool:

@@ -23,8 +23,8 @@ def _tiny(arch: str, tmp: str):
     return gf, greedy(load_model(gf), PROMPT, N_NEW).ids
 
 
-# the simulator runs every CUDA thread as a Python thread (1.3-2.7 min a case on 2 cores, with the
-# conftest's GIL switch interval): the default suite runs llama with 1 of 2 layers on the GPU and
+# the simulator runs every CUDA thread as a Python thread (1.3-4.5 min a case on 2 cores, with the
+# conftest's GIL switch interval; the more in a fresh clone's first compiles): the default suite runs llama with 1 of 2 layers on the GPU and
 # gemma3 wholly on it; -m slow adds the others
 @pytest.mark.parametrize("arch,gpu_layers", [
     ("llama", "1"), ("gemma3", "all"),
