@@ -12,7 +12,7 @@ import numpy as np
 
 from edged.backends import rope as _rope
 from edged.backends.base import RopeParams
-from edged.backends.cpu.kernel_threads import runs_serial
+from edged.backends.cpu.kernel_threads import SERIAL_ELEMENTS, runs_serial
 
 _pair_features = nb.njit(inline="always")(_rope.pair_features)
 _pair_angle = nb.njit(inline="always")(_rope.pair_angle)
@@ -105,22 +105,50 @@ def _rotate_rows(x, positions, n_dims, neox, theta_scale, freq_scale, table, msc
         _rotate_row(x, t, n_dims, neox, cs, 0, out)
 
 
-@nb.njit(nogil=True, cache=True)
-def cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale):
-    """float32 [n, 2, n_dims/2]: every position's (cos, sin), for rotate_rows_with."""
+@nb.njit(nogil=True, inline="always")
+def _cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale):
     n = positions.shape[0]
     cs = np.empty((n, 2, n_dims // 2), dtype=np.float32)  # [n, 2, n_dims/2]
-    for t in range(n):
+    for t in nb.prange(n):
         _cos_sin_row(positions[t], n_dims // 2, theta_scale, freq_scale, table, mscale, cs, t)
     return cs
+
+
+@nb.njit(nogil=True, cache=True)
+def _cs_rows_serial(positions, n_dims, theta_scale, freq_scale, table, mscale):
+    return _cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def _cs_rows_parallel(positions, n_dims, theta_scale, freq_scale, table, mscale):
+    return _cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale)
+
+
+def cs_rows(positions, n_dims, theta_scale, freq_scale, table, mscale):
+    """float32 [n, 2, n_dims/2]: every position's (cos, sin), for rotate_rows_with; a prefill's
+    positions on the thread pool (the trig is most of a prefill's RoPE)."""
+    serial = positions.shape[0] * (n_dims // 2) <= SERIAL_ELEMENTS
+    return (_cs_rows_serial if serial else _cs_rows_parallel)(positions, n_dims, theta_scale, freq_scale, table,
+                                                               mscale)
+
+
+@nb.njit(nogil=True, inline="always")
+def _rotate_rows_with(x, cs, n_dims, neox, out):
+    for t in nb.prange(x.shape[0]):
+        _rotate_row(x, t, n_dims, neox, cs, t, out)
 
 
 @nb.njit(nogil=True, cache=True)
 def rotate_rows_with(x, cs, n_dims, neox, out):
     """_rope_rows_serial with each token's (cos, sin) from cs [n, 2, n_dims/2] (cs_rows): the
     same bits, the table computed once for q and k and every layer of a step (rope_store)."""
-    for t in range(x.shape[0]):
-        _rotate_row(x, t, n_dims, neox, cs, t, out)
+    _rotate_rows_with(x, cs, n_dims, neox, out)
+
+
+@nb.njit(parallel=True, nogil=True, cache=True)
+def rotate_rows_with_parallel(x, cs, n_dims, neox, out):
+    """rotate_rows_with on the thread pool (a prefill's q and k)."""
+    _rotate_rows_with(x, cs, n_dims, neox, out)
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)

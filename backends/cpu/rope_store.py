@@ -2,26 +2,24 @@
 (where the model has them) and RoPE, k and v are written into the paged cache, and q is returned.
 
 It computes what rms_norm, rope and store_kv compute one after another (base.rope_store_kv_by_ops,
-which backends without this op run), through the same compiled loops, so the bits never depend on
-the path. A small batch is one compiled call in the calling thread: at decode, five separate calls
-cost more in dispatch than their work (docs/kernels.md, "Small ops at decode").
+which backends without this op run), with the same per-token arithmetic, so the bits never depend
+on the path. A small batch is one compiled call in the calling thread: at decode, five separate
+calls cost more in dispatch than their work (docs/kernels.md, "Small ops at decode"). Both paths
+rotate by one (cos, sin) table per RoPE and step, shared by q, k and every layer.
 """
-
-from types import SimpleNamespace
 
 import numba as nb
 import numpy as np
 
-from edged.backends.base import LayerKV, RopeParams, rope_store_kv_by_ops
+from edged.backends.base import LayerKV, RopeParams
 from edged.backends.cpu import kv_codec
 from edged.backends.cpu.attention import store_kv
 from edged.backends.cpu.kernel_threads import runs_serial
 from edged.backends.cpu.norm_rope import (
-    _rms_norm_rows_serial, cs_rows, rms_norm, rope, rope_kernel_args, rotate_rows_with,
+    _rms_norm_rows_serial, cs_rows, rms_norm, rope_kernel_args, rotate_rows_with, rotate_rows_with_parallel,
 )
 
 _NO_NORM = np.zeros(0, np.float32)
-_POOL_OPS = SimpleNamespace(rms_norm=rms_norm, rope=rope, store_kv=store_kv)  # a prefill's thread-pool ops
 
 
 @nb.njit(nogil=True, cache=True)
@@ -45,7 +43,7 @@ def _rope_store_serial(q, k, v, q_norm, k_norm, eps, cs, n_dims, neox, kc, vc, k
 
 def _step_cos_sin(p: RopeParams, positions: np.ndarray, hd: int) -> tuple:
     """(cs float32 [n, 2, n_dims/2], n_dims, neox) of these positions under p, kept on p: every
-    layer with this RoPE asks for the same ones in a step (a decode step's trig, done once)."""
+    layer with this RoPE asks for the same ones in a step (a step's trig, done once)."""
     # keyed by p's fields, not by rope_kernel_args' results: deriving those costs ~2.6 µs a call;
     # positions as bytes: cheaper to compare than arrays
     key = (hd, p.dim, p.freq_base, p.neox, p.freq_scale, p.ext_factor, p.attn_factor, p.orig_ctx, p.beta_fast,
@@ -75,6 +73,26 @@ def _check(q, k, v, kv: LayerKV, positions, slots, q_norm, k_norm):
         raise ValueError(f"rope_store_kv: q_norm and k_norm must both be None or both [{hd}]")
 
 
+def _rotate(x, cs, n_dims, neox, out):
+    (rotate_rows_with if runs_serial(x) else rotate_rows_with_parallel)(x, cs, n_dims, neox, out)
+
+
+def _rope_store_pool(q, k, v, kv, positions, slots, p, eps, q_norm, k_norm):
+    """base.rope_store_kv_by_ops' steps on the thread pool, rotating by the step's kept (cos, sin)
+    table: each token's trig, computed again for q and k of every layer, was over half of a
+    prefill's rope_store_kv (docs/kernels.md, "A prefill's RoPE table")."""
+    n, nh, hd = q.shape
+    if q_norm is not None:
+        q = rms_norm(q.reshape(n * nh, hd), q_norm, eps).reshape(q.shape)
+        k = rms_norm(k.reshape(n * k.shape[1], hd), k_norm, eps).reshape(k.shape)
+    cs, n_dims, neox = _step_cos_sin(p, positions, hd)
+    qo, ko = np.empty_like(q), np.empty_like(k)
+    _rotate(q, cs, n_dims, neox, qo)
+    _rotate(k, cs, n_dims, neox, ko)
+    store_kv(kv, ko, v, slots)
+    return qo
+
+
 def rope_store_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: LayerKV, positions: np.ndarray,
                   slot_mapping: np.ndarray, p: RopeParams, eps: float, q_norm: np.ndarray | None = None,
                   k_norm: np.ndarray | None = None) -> np.ndarray:
@@ -86,8 +104,8 @@ def rope_store_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: LayerKV, posi
     positions = np.ascontiguousarray(positions, dtype=np.int32)
     slots = np.ascontiguousarray(slot_mapping, dtype=np.int32)
     _check(q, k, v, kv, positions, slots, q_norm, k_norm)
-    if not (runs_serial(q) and runs_serial(k)):  # a prefill: the thread-pool ops
-        return rope_store_kv_by_ops(_POOL_OPS, q, k, v, kv, positions, slots, p, eps, q_norm, k_norm)
+    if not (runs_serial(q) and runs_serial(k)):  # a prefill
+        return _rope_store_pool(q, k, v, kv, positions, slots, p, eps, q_norm, k_norm)
     qo, ko = np.empty_like(q), np.empty_like(k)
     bad = _rope_store_serial(
         q, k, v, _NO_NORM if q_norm is None else _f32(q_norm), _NO_NORM if k_norm is None else _f32(k_norm),

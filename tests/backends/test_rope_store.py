@@ -11,24 +11,26 @@ from edged.backends.base import KV_TYPES, RopeParams, rope_store_kv_by_ops
 NH, KVH, HD = 4, 2, 64
 
 
-def _case(n, seed):
+def _case(n, seed, blocks=12):
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal((n, h, HD)).astype(np.float32) * 3 for h in (NH, KVH, KVH))
     positions = rng.integers(0, 4000, n).astype(np.int32)
-    slots = rng.permutation(12 * 16)[:n].astype(np.int32)
+    slots = rng.permutation(blocks * 16)[:n].astype(np.int32)
     slots[0] = -1  # a padding token: stored nowhere
     return q, k, v, positions, slots
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
 @pytest.mark.parametrize("norms", [False, True])
-@pytest.mark.parametrize("n", [1, 3, 100])  # 100 x 4 x 64 is past SERIAL_ELEMENTS: the thread-pool path
+# 100 x 4 x 64 is past SERIAL_ELEMENTS: the thread-pool path; 700 x 24 pairs also computes the step's
+# (cos, sin) table there
+@pytest.mark.parametrize("n", [1, 3, 100, 700])
 def test_fused_equals_the_ops_one_by_one(kv_type, norms, n):
-    q, k, v, positions, slots = _case(n, seed=n)
+    q, k, v, positions, slots = _case(n, seed=n, blocks=64)
     p = RopeParams(dim=48, freq_base=10000.0, neox=not norms)  # dim < head_dim: the tail is copied
     qn = np.linspace(0.5, 1.5, HD, dtype=np.float32) if norms else None
     kn = np.linspace(1.5, 0.5, HD, dtype=np.float32) if norms else None
-    fused_kv, ops_kv = (cpu.allocate_kv(12, 16, KVH, HD, kv_type) for _ in range(2))
+    fused_kv, ops_kv = (cpu.allocate_kv(64, 16, KVH, HD, kv_type) for _ in range(2))
     got = cpu.rope_store_kv(q, k, v, fused_kv, positions, slots, p, 1e-6, qn, kn)
     want = rope_store_kv_by_ops(cpu, q, k, v, ops_kv, positions, slots, p, 1e-6, qn, kn)
     assert np.array_equal(got, want)
