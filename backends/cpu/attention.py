@@ -15,7 +15,7 @@ import numba as nb
 import numpy as np
 
 from edged.backends.base import KV_DEFAULT, Batch, LayerKV, check_sinks, key_chunk
-from edged.backends.cpu import kv_codec
+from edged.backends.cpu import kv_codec, kv_widen
 from edged.backends.cpu.attention_tiles import FM, score_keys, weigh_values
 from edged.backends.cpu.fastexp import exp_nonpos as _exp_nonpos
 
@@ -285,9 +285,13 @@ def attention(
         part_l = np.empty((n, h, n_chunks), dtype=np.float32)  # [n, h, chunks]
         part_acc = np.empty((n, h, n_chunks, hd), dtype=np.float32)  # [n, h, chunks, hd]
     err = np.zeros(1, dtype=np.int32)
-    _attention_chunks(q, *kv_codec.kernel_arrays(kv), block_tables, seq_starts, positions, int(window), chunk,
-                      n_chunks, direct, np.float32(scale), np.float32(softcap), out, part_m, part_l,
-                      part_acc, err)
+    cache = kv_codec.kernel_arrays(kv)
+    if cache[0].dtype != np.float32:  # a prefill reads each row many times: widen its blocks once
+        wide = kv_widen.widened(*cache, block_tables, seq_starts, positions, int(window))
+        if wide is not None:
+            cache, block_tables = wide[:4], wide[4]
+    _attention_chunks(q, *cache, block_tables, seq_starts, positions, int(window), chunk, n_chunks, direct,
+                      np.float32(scale), np.float32(softcap), out, part_m, part_l, part_acc, err)
     if err[0]:
         raise ValueError("attention: a block table entry needed by a position is missing or out of range")
     if not direct:
