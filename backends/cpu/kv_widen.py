@@ -14,7 +14,10 @@ from edged.backends.cpu.attention_tiles import FM
 from edged.backends.cpu.kv_codec import _NO_SCALES, kv_row
 
 MIN_REUSE = 4  # (token, key) visits per widened row below which attention widens as it reads
-MAX_BYTES = 64 << 20  # the largest float32 copy of K and V made for one call
+# the largest float32 copy of K and V made for one call: each token scans its visible rows, and a
+# copy past the mid-level caches reads twice the bytes of the f16 rows it replaces (16k keys of
+# context: 2.4x slower; 4k: 1.07x; 2k from the start: 0.93x, docs/kernels.md)
+MAX_BYTES = 4 << 20
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
