@@ -42,6 +42,9 @@ def widened(k, v, ks, vs, block_tables, seq_starts, positions, window):
     on the cache itself, which reports the bad entry."""
     n_blocks, bs, kvh, hd = k.shape
     max_blocks = block_tables.shape[1]
+    # a row's visits are at most its sequence's tokens in the batch: a decode step stops here
+    if np.diff(seq_starts).max(initial=0) < MIN_REUSE:
+        return None
     lo = positions - window + 1 if window > 0 else np.zeros_like(positions)
     lo = np.maximum(lo, 0)  # [n] each token's first visible key
     visits = int((positions + 1 - lo).sum())
