@@ -4,7 +4,9 @@ Attention widens each f16 / q8_0 K/V row where it reads it (kv_codec.kv_row), on
 token that visits the row: a 512-token prefill widens every key row of its chunk ~256 times. When
 a batch visits each row several times over, the blocks it reads are widened once here into a
 float32 copy, and attention runs on that copy through a remapped block table. The copy holds
-kv_row's own values and attention's float32 path then gives the same bits (test_kv_widen.py).
+kv_row's own values, and attention's float32 path then gives the f16 / q8_0 path's bits when both
+compiled variants come from the same place (test_kv_widen.py; docs/kernels.md on a variant
+compiled in-process against one loaded from the cache).
 """
 
 import numba as nb
