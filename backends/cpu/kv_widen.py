@@ -16,10 +16,11 @@ from edged.backends.cpu.attention_tiles import FM
 from edged.backends.cpu.kv_codec import _NO_SCALES, kv_row
 
 MIN_REUSE = 4  # (token, key) visits per widened row below which attention widens as it reads
-# the largest float32 copy of K and V made for one call: each token scans its visible rows, and a
-# copy past the mid-level caches reads twice the bytes of the f16 rows it replaces (16k keys of
-# context: 2.4x slower; 4k: 1.07x; 2k from the start: 0.93x, docs/kernels.md)
+# the largest float32 copy of one sequence's K and V: each token scans its sequence's visible rows,
+# and a copy past the mid-level caches reads twice the bytes of the f16 rows it replaces (16k keys
+# of context: 2.4x slower; 4k: 1.07x; 2k from the start: 0.93x, docs/kernels.md)
 MAX_BYTES = 4 << 20
+MAX_TOTAL_BYTES = 64 << 20  # ... and of the whole batch's
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=FM)
@@ -40,8 +41,8 @@ def widened(k, v, ks, vs, block_tables, seq_starts, positions, window):
     kernel_arrays of an f16 or q8_0 cache) with the batch's checked layout (attention._plan):
     the blocks the batch's tokens can see, widened, and the table rows pointing into them (-1
     elsewhere). None where widening would not pay (each row visited fewer than MIN_REUSE times
-    on average, or a copy over MAX_BYTES) or a needed table entry is bad: the caller then runs
-    on the cache itself, which reports the bad entry."""
+    on average, a sequence's copy over MAX_BYTES, the whole over MAX_TOTAL_BYTES) or a needed
+    table entry is bad: the caller then runs on the cache itself, which reports the bad entry."""
     n_blocks, bs, kvh, hd = k.shape
     max_blocks = block_tables.shape[1]
     # a row's visits are at most its sequence's tokens in the batch: a decode step stops here
@@ -50,7 +51,7 @@ def widened(k, v, ks, vs, block_tables, seq_starts, positions, window):
     lo = positions - window + 1 if window > 0 else np.zeros_like(positions)
     lo = np.maximum(lo, 0)  # [n] each token's first visible key
     visits = int((positions + 1 - lo).sum())
-    first_blk, last_blk, rows = [], [], 0
+    first_blk, last_blk, rows, most = [], [], 0, 0
     for s in range(seq_starts.shape[0] - 1):
         t0, t1 = seq_starts[s], seq_starts[s + 1]
         if t0 == t1:
@@ -63,7 +64,9 @@ def widened(k, v, ks, vs, block_tables, seq_starts, positions, window):
         first_blk.append(b0)
         last_blk.append(b1)
         rows += (b1 - b0 + 1) * bs
-    if rows == 0 or visits < MIN_REUSE * rows or 2 * rows * kvh * hd * 4 > MAX_BYTES:
+        most = max(most, (b1 - b0 + 1) * bs)
+    row_bytes = 2 * kvh * hd * 4  # a K and a V row in float32
+    if rows == 0 or visits < MIN_REUSE * rows or most * row_bytes > MAX_BYTES or rows * row_bytes > MAX_TOTAL_BYTES:
         return None
     ids = np.concatenate([block_tables[s, b0 : b1 + 1] for s, (b0, b1) in enumerate(zip(first_blk, last_blk))])
     if ids.size and (ids.min() < 0 or ids.max() >= n_blocks):

@@ -109,13 +109,20 @@ def test_decode_batches_read_the_cache_itself():
     assert kv_widen.widened(*args) is not None
 
 
-def test_a_copy_over_the_cap_is_not_made(monkeypatch):
+def test_copies_over_the_caps_are_not_made(monkeypatch):
+    """One sequence's copy is capped (a token scans its own sequence's rows), and so is the
+    batch's: two 100-token sequences of 7 blocks each."""
     rng = np.random.default_rng(6)
-    q, kv, batch, *_ = make_case(rng, 16, 1, 4, 64, [(0, 100)], "q8_0")
+    q, kv, batch, *_ = make_case(rng, 16, 1, 4, 64, [(0, 100), (0, 100)], "q8_0")
     args = (*kv_codec.kernel_arrays(kv), batch.block_tables, batch.seq_starts, batch.positions, 0)
-    monkeypatch.setattr(kv_widen, "MAX_BYTES", 7 * 16 * 64 * 4 * 2 - 1)  # 7 blocks of K and V
+    seq = 7 * 16 * 64 * 4 * 2  # 7 blocks of K and V in float32
+    monkeypatch.setattr(kv_widen, "MAX_BYTES", seq - 1)
     assert kv_widen.widened(*args) is None
-    monkeypatch.setattr(kv_widen, "MAX_BYTES", 7 * 16 * 64 * 4 * 2)
+    monkeypatch.setattr(kv_widen, "MAX_BYTES", seq)
+    assert kv_widen.widened(*args) is not None
+    monkeypatch.setattr(kv_widen, "MAX_TOTAL_BYTES", 2 * seq - 1)
+    assert kv_widen.widened(*args) is None
+    monkeypatch.setattr(kv_widen, "MAX_TOTAL_BYTES", 2 * seq)
     assert kv_widen.widened(*args) is not None
 
 
