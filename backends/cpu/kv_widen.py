@@ -51,33 +51,27 @@ def widened(k, v, ks, vs, block_tables, seq_starts, positions, window):
     lo = positions - window + 1 if window > 0 else np.zeros_like(positions)
     lo = np.maximum(lo, 0)  # [n] each token's first visible key
     visits = int((positions + 1 - lo).sum())
-    first_blk, last_blk, rows, most = [], [], 0, 0
+    spans = []  # (sequence, first block, last block) of each sequence with tokens here
     for s in range(seq_starts.shape[0] - 1):
         t0, t1 = seq_starts[s], seq_starts[s + 1]
-        if t0 == t1:
-            first_blk.append(0)
-            last_blk.append(-1)
-            continue
-        b0, b1 = int(lo[t0:t1].min()) // bs, int(positions[t0:t1].max()) // bs
-        if b1 >= max_blocks:
-            return None
-        first_blk.append(b0)
-        last_blk.append(b1)
-        rows += (b1 - b0 + 1) * bs
-        most = max(most, (b1 - b0 + 1) * bs)
-    row_bytes = 2 * kvh * hd * 4  # a K and a V row in float32
-    if rows == 0 or visits < MIN_REUSE * rows or most * row_bytes > MAX_BYTES or rows * row_bytes > MAX_TOTAL_BYTES:
+        if t0 < t1:
+            spans.append((s, int(lo[t0:t1].min()) // bs, int(positions[t0:t1].max()) // bs))
+    if not spans or max(b1 for _, _, b1 in spans) >= max_blocks:
         return None
-    ids = np.concatenate([block_tables[s, b0 : b1 + 1] for s, (b0, b1) in enumerate(zip(first_blk, last_blk))])
-    if ids.size and (ids.min() < 0 or ids.max() >= n_blocks):
+    blocks = [b1 - b0 + 1 for _, b0, b1 in spans]
+    row_bytes = 2 * kvh * hd * 4  # a K and a V row in float32
+    if (visits < MIN_REUSE * sum(blocks) * bs or max(blocks) * bs * row_bytes > MAX_BYTES
+            or sum(blocks) * bs * row_bytes > MAX_TOTAL_BYTES):
+        return None
+    ids = np.concatenate([block_tables[s, b0 : b1 + 1] for s, b0, b1 in spans])
+    if ids.min() < 0 or ids.max() >= n_blocks:
         return None
     used, where = np.unique(ids, return_inverse=True)  # blocks shared by prefix caching widened once
     used = used.astype(np.int32)
     table = np.full(block_tables.shape, -1, dtype=np.int32)  # [n_seqs, max_blocks]
-    at = 0
-    for s, (b0, b1) in enumerate(zip(first_blk, last_blk)):
-        table[s, b0 : b1 + 1] = where[at : at + b1 - b0 + 1]
-        at += b1 - b0 + 1
+    at = np.cumsum([0] + blocks)
+    for (s, b0, b1), a0, a1 in zip(spans, at[:-1], at[1:]):
+        table[s, b0 : b1 + 1] = where[a0:a1]
     k32 = np.empty((used.shape[0], bs, kvh, hd), dtype=np.float32)  # [n_used, bs, kvh, hd]
     v32 = np.empty_like(k32)
     _widen(k, ks, used, k32)
