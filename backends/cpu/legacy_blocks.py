@@ -3,6 +3,8 @@ canonical 8-lane float order that both legacy kernels (legacy_gemv.py, legacy_ge
 their per-block terms in, so a token's output is bit-identical whichever kernel its batch picks.
 
 Each block becomes 32 unsigned bytes u and floats (d, c) with Σ_j w_j x_j = xd · (d · Σ u·xq + c · xs).
+For the symmetric types (c = -B·d, B an integer: int_bias) the kernels fold the bias into the
+integer dot instead: Σ_j w_j x_j = xd · (d · (Σ u·xq - B·xs)), one float term fewer a block.
 """
 
 from llvmlite import ir
@@ -24,6 +26,17 @@ LAYOUTS = {
 # kinds >= GROUPED_KINDS are the same types in legacy_groups' grouped layout (kind - GROUPED_KINDS)
 GROUPED_KINDS = 8
 ALL_KINDS = (*LAYOUTS, *(GROUPED_KINDS + k for k in LAYOUTS))
+
+
+def int_bias(layout) -> int:
+    """B of a symmetric type (w = d·(u - B)), folded into the integer block dot; 0 for the types
+    with an fp16 min (Q4_1, Q5_1), whose bias stays a float term."""
+    _, _, _, moff, _, cfix, _ = layout
+    return 0 if moff >= 0 else int(-cfix)
+
+
+# int_bias by raw kind (a kind's grouped twin: kind - GROUPED_KINDS), for compiled code
+INT_BIAS = tuple(int_bias(LAYOUTS[k]) for k in range(len(LAYOUTS)))
 
 
 def kind_layout(kind):
@@ -82,8 +95,10 @@ def block_scale_bias(builder, blk, layout):
 # Batch invariance needs gemv and gemm to add a row's per-block float terms in one fixed order:
 #   lane j (0..7) = 0.0 + T_j + T_{j+8} + T_{j+16} + ... (blocks b ≡ j mod 8, increasing b),
 #   result        = ((L0 + L4) + (L2 + L6)) + ((L1 + L5) + (L3 + L7)),
-# with T_b = xd_b · (d_b · s_b + c_b · xs_b). gemv holds 8 blocks in the 8 lanes of one vector
-# (no horizontal sum per block), gemm holds 8 independent accumulators per token lane.
+# with T_b = xd_b · (d_b · float(s_b - B·xs_b)) for a symmetric type (int_bias B, the integers
+# exact) and T_b = xd_b · (d_b · float(s_b) + c_b · float(xs_b)) for Q4_1 / Q5_1. gemv holds
+# 8 blocks in the 8 lanes of one vector (no horizontal sum per block), gemm holds 8 independent
+# accumulators per token lane.
 
 
 def tree8_vectors(builder, lanes):

@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 from edged.backends.cpu import vector_ir as vir
 from edged.backends.cpu.legacy_blocks import ALL_KINDS, block_scale_bias, block_u8, kind_layout, tree8_vectors
-from edged.backends.cpu.legacy_gemm_tile import TOKENS, _tile_block_int, _tile_term
+from edged.backends.cpu.legacy_gemm_tile import TOKENS, _tile_block_int, _tile_start, _tile_term
 from edged.backends.cpu.legacy_groups import GROUP, TAIL, group_scales, group_words
 from edged.backends.cpu.vector_ir import F32, I8, I32, I64
 
@@ -111,8 +111,10 @@ def decode_row(row, kind, u, uoff, d, c, soff):
     _decode_row(row, kind, u, uoff, d, c, soff)
 
 
-def _emit_quad(context, builder, signature, args):
-    """quad_tile_dot's body: args (u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf)."""
+def _emit_quad(context, builder, signature, args, bias):
+    """quad_tile_dot's body for a symmetric type's rows (bias 1: the tile's dots start from xst's
+    -B·xs, no c term) or not (0): args (u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w,
+    row, pf, sym)."""
     at, b = signature.args, builder
     c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     i64 = lambda k: vir.as_i64(context, b, args[k], at[k])  # noqa: E731
@@ -141,8 +143,9 @@ def _emit_quad(context, builder, signature, args):
             blk = b.add(b.mul(gi, c64(GROUP)), c64(j))
             xb = b.gep(xp, [b.mul(blk, c64(512))])
             woff = b.add(b.mul(gi, c64(GROUP_BYTES)), c64(4 * j))
-            sums = _tile_block_int(b, [b.gep(ur, [woff]) for ur in urs], xb, stride=32)
-            return [b.fadd(acc, _tile_term(b, s, b.load(b.gep(dp, [blk])), b.load(b.gep(cp, [blk])), xdp, xsp, blk))
+            sums = _tile_block_int(b, [b.gep(ur, [woff]) for ur in urs], xb, stride=32, start=_tile_start(b, xsp, blk, bias))
+            return [b.fadd(acc, _tile_term(b, s, b.load(b.gep(dp, [blk])), None if bias else b.load(b.gep(cp, [blk])),
+                                           xdp, xsp, blk, bias))
                     for acc, s, dp, cp in zip(accs, sums, dps, cps)]
 
         for r, tot in enumerate(vir.loop(b, count, body, [ir.Constant(v16f, None)] * ROWS)):
@@ -153,26 +156,34 @@ def _emit_quad(context, builder, signature, args):
 
 
 @intrinsic
-def _quad_tile_dot(typingctx, u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf):
+def _quad_tile_dot(typingctx, u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf, sym):
     f32a = lambda a: vir.is_arr(a, types.float32) and a.ndim == 1  # noqa: E731
     if not (vir.is_arr(u, types.uint8) and u.ndim == 1 and f32a(d) and f32a(c) and vir.is_arr(xi, types.int8)
-            and xi.ndim == 1 and f32a(xdt) and f32a(xst) and f32a(out) and vir.ints(ustride, sstride, nblk, row, pf)
+            and xi.ndim == 1 and f32a(xdt) and f32a(xst) and f32a(out) and vir.ints(ustride, sstride, nblk, row, pf, sym)
             and vir.is_arr(w, types.uint8) and w.ndim == 2):
         return None
-    sig = types.void(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf)
+    sig = types.void(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf, sym)
 
     def codegen(context, builder, signature, args):
-        _emit_quad(context, builder, signature, args)
+        symmetric = builder.icmp_signed("!=", vir.as_i64(context, builder, args[13], signature.args[13]),
+                                        ir.Constant(I64, 0))
+        with builder.if_else(symmetric) as (yes, no):
+            with yes:
+                _emit_quad(context, builder, signature, args, 1)
+            with no:
+                _emit_quad(context, builder, signature, args, 0)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf):
+def quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf, sym):
     """out float32 [64]: row r's 16 tokens at 16·r, for the 4 decoded rows (row r's words in u
     from byte r·ustride, its d and c from element r·sstride) · the tile (legacy_gemm_tile's xi,
     xdt, xst) over nblk blocks. The same bits as legacy_gemm_tile.row_tile_dot_raw8 of each row.
-    pf > 0 prefetches four rows' bytes of w (uint8 [m, row bytes], the raw rows) from pf past the
-    start of its row `row` (the quad's first), spread over the computation."""
-    _quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf)
+    sym != 0: the rows are of a symmetric type (legacy_blocks.int_bias), whose tile xst holds
+    -B·xs as int32 bits and whose c is not read. pf > 0 prefetches four rows' bytes of w (uint8
+    [m, row bytes], the raw rows) from pf past the start of its row `row` (the quad's first),
+    spread over the computation."""
+    _quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf, sym)

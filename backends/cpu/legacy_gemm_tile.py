@@ -13,7 +13,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from edged.backends.cpu import vector_ir as vir
-from edged.backends.cpu.legacy_blocks import ALL_KINDS, block_scale_bias, block_u8, kind_layout, tree8_vectors
+from edged.backends.cpu.legacy_blocks import ALL_KINDS, block_scale_bias, block_u8, int_bias, kind_layout, tree8_vectors
 from edged.backends.cpu.legacy_groups import GROUP, TAIL, block_scale_bias_at, group_words
 from edged.backends.cpu.vector_ir import I8, I32, V16I32
 
@@ -21,13 +21,14 @@ TOKENS = 16  # tokens per gemm tile: one 512-bit vector of int32 lanes
 GROUPS = 8  # 4-byte groups in a 32-element block
 
 
-def _tile_block_int(builder, words_ptrs, xb, stride=4):
+def _tile_block_int(builder, words_ptrs, xb, stride=4, start=None):
     """[<16 x i32>] per row: block sums of 16 tokens, 8 weight words at each i8* of words_ptrs,
     `stride` bytes apart (broadcast from memory), against a 4-interleaved 512-byte tile block at
-    i8* xb (each activation vector loaded once for all rows)."""
+    i8* xb (each activation vector loaded once for all rows), each plus `start` where given."""
     # independent accumulator chains: one chain of 8 dependent vpdpbusd is latency-bound
     chains = 4 // len(words_ptrs)
-    accs = [[ir.Constant(V16I32, None)] * chains for _ in words_ptrs]
+    zero = ir.Constant(V16I32, None)
+    accs = [[start or zero] + [zero] * (chains - 1) for _ in words_ptrs]
     for g in range(GROUPS):
         xvec = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(I32, 64 * g)]), V16I32.as_pointer()), align=1)
         for r, wp in enumerate(words_ptrs):
@@ -43,12 +44,24 @@ def _tile_block_int(builder, words_ptrs, xb, stride=4):
     return out
 
 
-def _tile_term(builder, s, d, c, xdp, xsp, b):
-    """<16 x float> xdt[16b:16b+16] · (d · float(s) + c · xst[16b:16b+16])."""
+def _tile_start(builder, xsp, b, bias):
+    """Tile block b's integer dot start for a symmetric type (bias > 0): <16 x i32> -B·xs, whose
+    bits _prepare_tiles stored in xst[16b:16b+16]; None (start at zero) otherwise."""
+    if not bias:
+        return None
+    off16 = builder.mul(b, ir.Constant(b.type, TOKENS))
+    return builder.load(builder.bitcast(builder.gep(xsp, [off16]), V16I32.as_pointer()), align=4)
+
+
+def _tile_term(builder, s, d, c, xdp, xsp, b, bias):
+    """<16 x float> canonical terms of tile block b's int32 dots s: xdt[16b:16b+16] · (d · float(s))
+    for a symmetric type (s started from -B·xs: _tile_start), else xdt · (d · float(s) + c · xst)."""
     v16f = ir.VectorType(ir.FloatType(), 16)
     sf = builder.sitofp(s, v16f)
     off16 = builder.mul(b, ir.Constant(b.type, TOKENS))
     xdv = builder.load(builder.bitcast(builder.gep(xdp, [off16]), v16f.as_pointer()), align=4)
+    if bias:
+        return builder.fmul(xdv, builder.fmul(vir.splat(builder, d, v16f), sf))
     xsv = builder.load(builder.bitcast(builder.gep(xsp, [off16]), v16f.as_pointer()), align=4)
     return builder.fmul(xdv, builder.fadd(builder.fmul(vir.splat(builder, d, v16f), sf), builder.fmul(vir.splat(builder, c, v16f), xsv)))
 
@@ -103,7 +116,7 @@ def _emit_row_tile(context, builder, signature, args, layout, nrows, pf=False, g
     i64 = ir.IntType(64)
     pfv = vir.as_i64(context, builder, args[-1], at[-1]) if pf else None
     v8i32 = ir.VectorType(I32, 8)
-    size = layout[0]
+    size, bias = layout[0], int_bias(layout)
     nblk = builder.extract_value(context.make_array(xdat)(context, builder, xda).shape, 0)
     nblk = builder.udiv(nblk, ir.Constant(nblk.type, TOKENS))
     rps = [vir.base_ptr(context, builder, at[r], ra[r], ir.Constant(ir.IntType(64), 0)) for r in range(nrows)]
@@ -127,8 +140,10 @@ def _emit_row_tile(context, builder, signature, args, layout, nrows, pf=False, g
         for blk, wbuf in zip(blks, wbufs):
             builder.store(builder.bitcast(block_u8(builder, blk, layout), v8i32), wbuf)
         xb = builder.gep(xp, [builder.mul(b, ir.Constant(b.type, 512))])
-        sums = _tile_block_int(builder, [builder.bitcast(wb, I8.as_pointer()) for wb in wbufs], xb)
-        return [_tile_term(builder, s, *block_scale_bias(builder, blk, layout), xdp, xsp, b) for s, blk in zip(sums, blks)]
+        sums = _tile_block_int(builder, [builder.bitcast(wb, I8.as_pointer()) for wb in wbufs], xb,
+                               start=_tile_start(builder, xsp, b, bias))
+        return [_tile_term(builder, s, *block_scale_bias(builder, blk, layout), xdp, xsp, b, bias)
+                for s, blk in zip(sums, blks)]
 
     # grouped: a group's 8 transposed word vectors per row ([g][j] words), decoded once
     gbufs = [cgutils.alloca_once(builder, ir.ArrayType(v8i32, GROUP)) for _ in range(nrows)] if grouped else None
@@ -145,8 +160,10 @@ def _emit_row_tile(context, builder, signature, args, layout, nrows, pf=False, g
         def terms_of(j):
             bj = builder.add(base, ir.Constant(base.type, j))
             xb = builder.gep(xp, [builder.mul(bj, ir.Constant(bj.type, 512))])
-            sums = _tile_block_int(builder, [builder.gep(wp, [ir.Constant(I32, 4 * j)]) for wp in wps], xb, stride=32)
-            return [_tile_term(builder, s, *block_scale_bias_at(builder, gp, layout, nb, j), xdp, xsp, bj) for s, gp in zip(sums, gps)]
+            sums = _tile_block_int(builder, [builder.gep(wp, [ir.Constant(I32, 4 * j)]) for wp in wps], xb, stride=32,
+                                   start=_tile_start(builder, xsp, bj, bias))
+            return [_tile_term(builder, s, *block_scale_bias_at(builder, gp, layout, nb, j), xdp, xsp, bj, bias)
+                    for s, gp in zip(sums, gps)]
 
         return terms_of
 

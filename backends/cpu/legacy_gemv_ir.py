@@ -12,7 +12,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 
 from edged.backends.cpu import vector_ir as vir
-from edged.backends.cpu.legacy_blocks import block_u8, tree8_lanes
+from edged.backends.cpu.legacy_blocks import block_u8, int_bias, tree8_lanes
 from edged.backends.cpu.legacy_groups import GROUP, TAIL, group_scales, group_words
 from edged.backends.cpu.vector_ir import I8, I32
 
@@ -67,6 +67,7 @@ class GemvRowEmitter:
         self.layout = layout
         self.grouped = grouped  # whole groups (and a last one of 4) in legacy_groups' layout
         self.size, _, _, self.moff, _, self.cfix, _ = layout
+        self.bias = int_bias(layout)  # > 0: subtracted in the integer dot (the canonical term)
         ra, _, xta, xa, xda, xsa, acca, ya, ri = args[:9]
         at = signature.args
         # run-time knobs (legacy_gemv.rows_dot8): prefetch distance in bytes, token grouping
@@ -287,21 +288,31 @@ class GemvRowEmitter:
                 b.call(self.mload_i, [xsq, ir.Constant(I32, 4), g.lane_ok, _ZERO8I]))
 
     def _group_dots(self, xg, weights, vty):
-        """float(Σ_j dot(weights(j), x group j)) over the 8 groups at i8* xg, in four chains
-        (dependent vpdpbusd are latency-bound); vty the int32 vector type of one step."""
+        """Σ_j dot(weights(j), x group j) (int32 lanes) over the 8 groups at i8* xg, in four
+        chains (dependent vpdpbusd are latency-bound); vty the int32 vector type of one step."""
         b = self.b
         s = [ir.Constant(vty, None)] * 4
         for j in range(8):
             xv = b.load(b.bitcast(b.gep(xg, [ir.Constant(I32, 64 * j)]), vty.as_pointer()), align=1)
             s[j % 4] = vir.dpbusd(b, s[j % 4], weights(j), xv)
-        return b.sitofp(b.add(b.add(s[0], s[1]), b.add(s[2], s[3])), ir.VectorType(_F32, vty.count))
+        return b.add(b.add(s[0], s[1]), b.add(s[2], s[3]))
 
-    def _add_term(self, g, t, sf, xdv, xsi, dv, cv):
-        """Token t's lanes (from accp[8t]) += xd · (d · s + c · xs) (the canonical term); the
-        lanes start at +0.0 in the first group."""
+    def _term(self, s, xdv, xsi, dv, cv):
+        """The canonical block terms (legacy_blocks) of the int32 dots s: xd · (d · float(s - B·xs))
+        for a symmetric type, else xd · (d · float(s) + c · float(xs))."""
         b = self.b
-        vf = sf.type
-        term = b.fmul(xdv, b.fadd(b.fmul(dv, sf), b.fmul(cv, b.sitofp(xsi, vf))))
+        vf = ir.VectorType(_F32, s.type.count)
+        if self.bias:
+            exact = b.sub(s, b.mul(xsi, ir.Constant(xsi.type, [self.bias] * s.type.count)))
+            return b.fmul(xdv, b.fmul(dv, b.sitofp(exact, vf)))
+        return b.fmul(xdv, b.fadd(b.fmul(dv, b.sitofp(s, vf)), b.fmul(cv, b.sitofp(xsi, vf))))
+
+    def _add_term(self, g, t, s, xdv, xsi, dv, cv):
+        """Token t's lanes (from accp[8t]) += the canonical terms of its int32 dots s; the lanes
+        start at +0.0 in the first group."""
+        b = self.b
+        term = self._term(s, xdv, xsi, dv, cv)
+        vf = term.type
         ap = b.bitcast(b.gep(self.accp, [b.mul(t, _i64(8))]), vf.as_pointer())
         prev = b.select(g.first, ir.Constant(vf, None), b.load(ap, align=4))
         b.store(b.fadd(prev, term), ap, align=4)
@@ -311,9 +322,9 @@ class GemvRowEmitter:
         # token t's group j: xt[t // 2, 512·grp + 64·j + 32·(t % 2)]
         half = b.mul(b.and_(t, _i64(1)), _i64(32))
         xg = b.gep(self.xtp, [b.add(b.add(b.mul(b.lshr(t, _i64(1)), self.xts), b.mul(g.grp, _i64(512))), half)])
-        sf = self._group_dots(xg, lambda j: g.w[j], _V8I32)
+        s = self._group_dots(xg, lambda j: g.w[j], _V8I32)
         xdv, xsi = self.scales(g, t)
-        self._add_term(g, t, sf, xdv, xsi, g.dv, g.cv)
+        self._add_term(g, t, s, xdv, xsi, g.dv, g.cv)
 
     def two_tokens(self, g, t):
         """Tokens t, t+1 (t even) in one 512-bit vector each step: repack_groups8 stores the
@@ -321,11 +332,11 @@ class GemvRowEmitter:
         b = self.b
         dup = ir.Constant(ir.VectorType(I32, 16), list(range(8)) * 2)
         xg = b.gep(self.xtp, [b.add(b.mul(b.lshr(t, _i64(1)), self.xts), b.mul(g.grp, _i64(512)))])
-        sf = self._group_dots(xg, lambda j: b.shuffle_vector(g.w[j], g.w[j], dup), ir.VectorType(I32, 16))
+        s = self._group_dots(xg, lambda j: b.shuffle_vector(g.w[j], g.w[j], dup), ir.VectorType(I32, 16))
         (xd0, xs0), (xd1, xs1) = self.scales(g, t), self.scales(g, b.add(t, _i64(1)))
         xdv, xsi = _pair_of(b, xd0, xd1), _pair_of(b, xs0, xs1)
         dv2, cv2 = b.shuffle_vector(g.dv, g.dv, dup), b.shuffle_vector(g.cv, g.cv, dup)
-        self._add_term(g, t, sf, xdv, xsi, dv2, cv2)
+        self._add_term(g, t, s, xdv, xsi, dv2, cv2)
 
     def packed_pairs(self, g):
         """Every token pair of a last group of <= 4 blocks: one 256-bit step per group serves both."""
@@ -341,7 +352,7 @@ class GemvRowEmitter:
         zero4f = ir.Constant(v4f, None)
         with cgutils.for_range(b, b.lshr(self.n, _i64(1))) as pl:
             xg = b.gep(self.xtp, [b.add(b.mul(pl.index, self.xts), b.mul(g.grp, _i64(512)))])
-            sf = self._group_dots(xg, lambda j: w2[j], _V8I32)
+            s = self._group_dots(xg, lambda j: w2[j], _V8I32)
             t0 = b.shl(pl.index, _i64(1))
             toks = (t0, b.add(t0, _i64(1)))
             xd4, xs4 = [], []
@@ -350,7 +361,7 @@ class GemvRowEmitter:
                 xd4.append(b.call(mload_f4, [b.bitcast(b.gep(self.xdp, [tb]), v4f.as_pointer()), ir.Constant(I32, 4), ok4, zero4f]))
                 xs4.append(b.call(mload_i4, [b.bitcast(b.gep(self.xsp, [tb]), v4i.as_pointer()), ir.Constant(I32, 4), ok4, ir.Constant(v4i, None)]))
             xdv, xsi = _pair_of(b, xd4[0], xd4[1]), _pair_of(b, xs4[0], xs4[1])
-            term = b.fmul(xdv, b.fadd(b.fmul(dv2, sf), b.fmul(cv2, b.sitofp(xsi, _V8F))))
+            term = self._term(s, xdv, xsi, dv2, cv2)
             for h, t in enumerate(toks):
                 termh = b.shuffle_vector(term, ir.Constant(_V8F, ir.Undefined), ir.Constant(ir.VectorType(I32, 4), [4 * h + i for i in range(4)]))
                 ap = b.gep(self.accp, [b.mul(t, _i64(8))])

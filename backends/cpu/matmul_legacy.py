@@ -5,8 +5,9 @@ Every kernel follows backends/cpu/matmul.py's q8_32 contract:
       y float32 [n, m]) -> None
 Each weight block becomes 32 *unsigned* bytes u and a per-block (scale d, bias c) with
     Σ_j w_j x_j = xd · (d · Σ_j u_j xq_j + c · xs)
-(c = -offset·d for the symmetric types and IQ4_NL, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
-int32 accumulation — the pattern LLVM lowers to vpdpbusd.
+(c = -B·d for the symmetric types and IQ4_NL, c = min for Q4_1/Q5_1), so the block dot is u8 × i8 with
+int32 accumulation — the pattern LLVM lowers to vpdpbusd. For the symmetric types the kernels
+subtract the integer B·xs from that dot instead of adding c·xs in float: xd · (d · (Σ u·xq - B·xs)).
 
 gemv (n <= GEMV_MAX_N): per row, legacy_gemv.rows_dot8 decodes each group of 8 raw blocks once
 for every token, transposes it in registers and sums 8 whole blocks per vpdpbusd lane against
@@ -38,7 +39,7 @@ from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
 from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
-from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
+from edged.backends.cpu.legacy_blocks import GROUPED_KINDS, INT_BIAS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
 from edged.backends.cpu.legacy_groups import group_rows
 from edged.backends.cpu.tile_store import store_quad
@@ -100,11 +101,14 @@ def _make_gemv(qtype, grouped=False):
 
 
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
+def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, bias):
     """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) -> 16-token tiles (missing tokens are zero):
-    xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32 · 16]."""
+    xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32 · 16]; xst holds
+    float(xs), or for a symmetric type (bias B > 0) the int32 bits of -B·xs: the integer dots'
+    start (legacy_blocks.int_bias)."""
     n, k = xq.shape
     nblk = k // QK
+    xsti = xst.view(np.int32)  # [ntile, k/32 · 16]
     for tb in nb.prange(ntile * nblk):
         tile = tb // nblk
         b = tb % nblk
@@ -115,7 +119,10 @@ def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst):
                 for q in range(4):
                     xi[tile, b * 512 + g * 64 + t * 4 + q] = xq[tok, b * QK + g * 4 + q] if live else np.int8(0)
             xdt[tile, b * TOKENS + t] = xd[tok, b] if live else np.float32(0.0)
-            xst[tile, b * TOKENS + t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
+            if bias > 0:
+                xsti[tile, b * TOKENS + t] = np.int32(-bias * xs[tok, b]) if live else np.int32(0)
+            else:
+                xst[tile, b * TOKENS + t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
 
 
 # prange steps per thread by default: each step allocates its scratch once (16-row steps spent
@@ -142,6 +149,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     steps = tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads()
     rpt = TOKENS * max(1, (m + TOKENS * steps - 1) // (TOKENS * steps))  # rows per step
     qpf = QUAD_PREFETCH if pf == 0 else max(pf, 0)
+    sym = INT_BIAS[kind % GROUPED_KINDS]  # > 0: xst holds the dots' integer start (_prepare_tiles)
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
@@ -157,7 +165,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
                     decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride)
                 for tile in range(ntile):
                     quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk,
-                                  w, r0 + i, qpf if tile == 0 else 0)
+                                  w, r0 + i, qpf if tile == 0 else 0, sym)
                     store_quad(acc, y, n0 + tile * TOKENS, min(TOKENS, n_live - tile * TOKENS), r0 + i)
         # the rest: row pairs share each tile block's activation loads; a single tile reading its
         # rows from DRAM ran ~1.2x slower in pairs (docs/kernels.md), so it keeps one
@@ -194,7 +202,7 @@ def _gemm(kind, w, xq, xd, xs, y, tasks, pf, mode):
         xi = empty_aligned(ntile, nblk * 512, np.int8)  # [ntile, k/32 * 8 * 16 * 4]
         xdt = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         xst = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
-        _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst)
+        _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, INT_BIAS[kind % GROUPED_KINDS])
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks, pf, mode)
 
 

@@ -102,6 +102,8 @@ def _iq4_nl(b):
 
 LEGACY = {T.Q8_0: (34, _q8_0), T.Q4_0: (18, _q4_0), T.Q4_1: (20, _q4_1), T.Q5_0: (22, _q5_0),
           T.Q5_1: (24, _q5_1), T.IQ4_NL: (18, _iq4_nl)}
+# B of the symmetric types (c = -B·d): the kernels subtract B·xs from the integer dot, not c·xs in float
+LEGACY_INT_BIAS = {T.Q8_0: 128, T.Q4_0: 8, T.Q5_0: 16, T.IQ4_NL: 128}
 
 
 def decode_legacy(w: QTensor):
@@ -217,10 +219,15 @@ def block_dots(u, xq, width=QK):
 # ------------------------------------------------------------------------------- float epilogues
 
 
-def _legacy_epilogue(d, c, S, xd, xs):
-    """T_b = xd_b · (d_b · S_b + c_b · xs_b); lane j = +0.0 + T_j + T_{j+8} + ...; the result is
+def _legacy_epilogue(d, c, S, xd, xs, bias=0):
+    """T_b = xd_b · (d_b · float(S_b - B·xs_b)) for a symmetric type (bias B > 0), else
+    xd_b · (d_b · S_b + c_b · xs_b); lane j = +0.0 + T_j + T_{j+8} + ...; the result is
     ((L0 + L4) + (L2 + L6)) + ((L1 + L5) + (L3 + L7)) (legacy_blocks' canonical order)."""
-    t = xd[:, None, :] * (d[None] * S.astype(_F) + c[None] * xs[:, None, :].astype(_F))  # [n, m, nblk]
+    if bias:
+        exact = S.astype(np.int64) - bias * xs[:, None, :].astype(np.int64)  # [n, m, nblk], fits int32
+        t = xd[:, None, :] * (d[None] * exact.astype(_F))
+    else:
+        t = xd[:, None, :] * (d[None] * S.astype(_F) + c[None] * xs[:, None, :].astype(_F))  # [n, m, nblk]
     lanes = np.zeros(t.shape[:2] + (8,), _F)
     for b in range(t.shape[2]):
         lanes[:, :, b % 8] = lanes[:, :, b % 8] + t[:, :, b]
@@ -304,7 +311,7 @@ def matmul_reference(w: QTensor, x, qx=None):
     xq, xd, xs = quantize_q8_32(x) if qx is None else qx
     if w.qtype in LEGACY:
         u, d, c = decode_legacy(w)
-        return _legacy_epilogue(d, c, block_dots(u, xq), xd, xs)
+        return _legacy_epilogue(d, c, block_dots(u, xq), xd, xs, LEGACY_INT_BIAS.get(w.qtype, 0))
     _, _, family, B = KQUANTS[w.qtype]
     u, s, c = decode_kquant(w)
     return _superblock_sum(_kquant_terms(family, B, s, c, block_dots(u, xq, 16), xq, xd, xs))

@@ -9,8 +9,9 @@ exact int32 and turns into float with a per-block formula for the type's family:
     K16 (per-16):                (lo · (xd · s0) + hi · (xd · s1)) + (c0 · (xd · X0) + c1 · (xd · X1))
                                  with lo / hi and X0 / X1 the dots and activation sums of each half.
 
-LEGACY, K32 and Q2_K's K16 are the CPU kernels' formulas; for Q3_K and Q6_K the CPU folds c into
-the integer dot ("s16i"), which rounds differently. Otherwise the order in which block terms are
+K32 and Q2_K's K16 are the CPU kernels' formulas, and LEGACY is theirs for Q4_1 / Q5_1; for the
+symmetric legacy types (Q4_0, Q5_0, Q8_0, IQ4_NL), Q3_K and Q6_K the CPU folds c into the integer
+dot (legacy_blocks.int_bias, "s16i"), which rounds differently. Otherwise the order in which block terms are
 summed (and the device's fused multiply-adds) differ from the CPU.
 
 Thread layouts are in matmul_layout.py. mat-vec (n <= MV_MAX_N): one warp per output row; 8 lanes
