@@ -1,6 +1,6 @@
-"""Crafted bad-file corpus: every malformed file raises GGUFError within 1 s, nothing else escapes.
+"""Crafted bad-file corpus: every malformed file raises GGUFError within HANG_S, nothing else escapes.
 
-The 1 s bound is a robustness check (no hang, no huge allocation), not a speed benchmark."""
+The bound is a robustness check (no hang, no huge allocation), not a speed benchmark."""
 
 import struct
 import time
@@ -16,17 +16,20 @@ from tests.quant.gguf_build import build, gkv, gstr, gtensor_info, small_model
 HUGE = (1 << 64) - 1
 _EXTREMES = [0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
 ARCH = gkv("general.architecture", V.STRING, "llama")
+# seconds a bad file may take to be refused: loads take milliseconds, but one of the byte sweep's
+# thousands took 1.5 s on a 2-core VM under a full CI run (a stall, not the loader)
+HANG_S = 5.0
 
 
 def expect_error(tmp_path, data: bytes, match: str | None = None, name: str = "bad.gguf") -> GGUFError:
-    """Writes `data`, loads it, asserts a GGUFError (anything else fails the test) within 1 s."""
+    """Writes `data`, loads it, asserts a GGUFError (anything else fails the test) within HANG_S."""
     p = tmp_path / name
     p.write_bytes(data)
     t0 = time.perf_counter()
     with pytest.raises(GGUFError) as ei:
         load_gguf(p)
     dt = time.perf_counter() - t0
-    assert dt < 1.0, f"took {dt:.2f} s"
+    assert dt < HANG_S, f"took {dt:.2f} s"
     assert str(p) in str(ei.value)
     if match is not None:
         assert match in str(ei.value), str(ei.value)
