@@ -144,8 +144,7 @@ def _emit_quad(context, builder, signature, args, bias):
             xb = b.gep(xp, [b.mul(blk, c64(512))])
             woff = b.add(b.mul(gi, c64(GROUP_BYTES)), c64(4 * j))
             sums = _tile_block_int(b, [b.gep(ur, [woff]) for ur in urs], xb, stride=32, start=_tile_start(b, xsp, blk, bias))
-            return [b.fadd(acc, _tile_term(b, s, b.load(b.gep(dp, [blk])), None if bias else b.load(b.gep(cp, [blk])),
-                                           xdp, xsp, blk, bias))
+            return [b.fadd(acc, _tile_term(b, s, b.load(b.gep(dp, [blk])), b.load(b.gep(cp, [blk])), xdp, xsp, blk, bias))
                     for acc, s, dp, cp in zip(accs, sums, dps, cps)]
 
         for r, tot in enumerate(vir.loop(b, count, body, [ir.Constant(v16f, None)] * ROWS)):

@@ -28,7 +28,7 @@ def _tile_block_int(builder, words_ptrs, xb, stride=4, start=None):
     # independent accumulator chains: one chain of 8 dependent vpdpbusd is latency-bound
     chains = 4 // len(words_ptrs)
     zero = ir.Constant(V16I32, None)
-    accs = [[start or zero] + [zero] * (chains - 1) for _ in words_ptrs]
+    accs = [[zero if start is None else start] + [zero] * (chains - 1) for _ in words_ptrs]
     for g in range(GROUPS):
         xvec = builder.load(builder.bitcast(builder.gep(xb, [ir.Constant(I32, 64 * g)]), V16I32.as_pointer()), align=1)
         for r, wp in enumerate(words_ptrs):

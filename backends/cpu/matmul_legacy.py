@@ -100,14 +100,21 @@ def _make_gemv(qtype, grouped=False):
 # ---------------------------------------------------------------- gemm: decoded rows × token tiles
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _int_bias(kind):
+    """legacy_blocks.int_bias of a block kind (raw or grouped): > 0 for the symmetric types."""
+    return INT_BIAS[kind % GROUPED_KINDS]
+
+
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
-def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, bias):
+def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, kind):
     """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) -> 16-token tiles (missing tokens are zero):
     xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32 · 16]; xst holds
-    float(xs), or for a symmetric type (bias B > 0) the int32 bits of -B·xs: the integer dots'
-    start (legacy_blocks.int_bias)."""
+    float(xs), or for a symmetric kind (_int_bias B > 0) the int32 bits of -B·xs: the integer
+    dots' start."""
     n, k = xq.shape
     nblk = k // QK
+    bias = _int_bias(kind)
     xsti = xst.view(np.int32)  # [ntile, k/32 · 16]
     for tb in nb.prange(ntile * nblk):
         tile = tb // nblk
@@ -149,7 +156,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     steps = tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads()
     rpt = TOKENS * max(1, (m + TOKENS * steps - 1) // (TOKENS * steps))  # rows per step
     qpf = QUAD_PREFETCH if pf == 0 else max(pf, 0)
-    sym = INT_BIAS[kind % GROUPED_KINDS]  # > 0: xst holds the dots' integer start (_prepare_tiles)
+    sym = _int_bias(kind)  # > 0: xst holds the dots' integer start (_prepare_tiles)
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
@@ -202,7 +209,7 @@ def _gemm(kind, w, xq, xd, xs, y, tasks, pf, mode):
         xi = empty_aligned(ntile, nblk * 512, np.int8)  # [ntile, k/32 * 8 * 16 * 4]
         xdt = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
         xst = empty_aligned(ntile, nblk * TOKENS, np.float32)  # [ntile, k/32 * 16]
-        _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, INT_BIAS[kind % GROUPED_KINDS])
+        _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, kind)
         _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks, pf, mode)
 
 

@@ -71,15 +71,24 @@ def _bits(word_bytes, nbits):
     return np.unpackbits(word_bytes, axis=-1, bitorder="little")[..., :nbits]
 
 
+# B of the symmetric types (w = d·(u - B), c = -B·d): the kernels subtract B·xs from the integer
+# dot, not c·xs in float
+LEGACY_INT_BIAS = {T.Q8_0: 128, T.Q4_0: 8, T.Q5_0: 16, T.IQ4_NL: 128}
+
+
+def _symmetric(qtype, u, b):
+    """(u, d, c = -B·d) of a symmetric type's blocks b."""
+    d = _f16(b, 0)
+    return u, d, d * _F(-LEGACY_INT_BIAS[qtype])
+
+
 # per legacy type: (block bytes, decode(blocks) -> (u [.., 32], d, c))
 def _q8_0(b):
-    d = _f16(b, 0)
-    return b[..., 2:34] ^ np.uint8(0x80), d, d * _F(-128.0)  # u = q + 128
+    return _symmetric(T.Q8_0, b[..., 2:34] ^ np.uint8(0x80), b)  # u = q + 128
 
 
 def _q4_0(b):
-    d = _f16(b, 0)
-    return _nibbles(b[..., 2:18]), d, d * _F(-8.0)
+    return _symmetric(T.Q4_0, _nibbles(b[..., 2:18]), b)
 
 
 def _q4_1(b):
@@ -87,8 +96,7 @@ def _q4_1(b):
 
 
 def _q5_0(b):
-    d = _f16(b, 0)
-    return _nibbles(b[..., 6:22]) | (_bits(b[..., 2:6], 32) << 4), d, d * _F(-16.0)
+    return _symmetric(T.Q5_0, _nibbles(b[..., 6:22]) | (_bits(b[..., 2:6], 32) << 4), b)
 
 
 def _q5_1(b):
@@ -96,14 +104,11 @@ def _q5_1(b):
 
 
 def _iq4_nl(b):
-    d = _f16(b, 0)
-    return _LEVELS[_nibbles(b[..., 2:18])], d, d * _F(-128.0)
+    return _symmetric(T.IQ4_NL, _LEVELS[_nibbles(b[..., 2:18])], b)  # levels + 128
 
 
 LEGACY = {T.Q8_0: (34, _q8_0), T.Q4_0: (18, _q4_0), T.Q4_1: (20, _q4_1), T.Q5_0: (22, _q5_0),
           T.Q5_1: (24, _q5_1), T.IQ4_NL: (18, _iq4_nl)}
-# B of the symmetric types (c = -B·d): the kernels subtract B·xs from the integer dot, not c·xs in float
-LEGACY_INT_BIAS = {T.Q8_0: 128, T.Q4_0: 8, T.Q5_0: 16, T.IQ4_NL: 128}
 
 
 def decode_legacy(w: QTensor):

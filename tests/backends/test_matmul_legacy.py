@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu import legacy_gemm_tile, legacy_gemv, matmul_legacy, matmul_reference, vector_ir
 from edged.backends.cpu.act_quant import quantize_activations
-from edged.backends.cpu.legacy_blocks import GROUPED_KINDS, INT_BIAS
+from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
 from tests.backends.matmul_cases import activations, check_close_to_dequantized, rel_err
 from tests.helpers.qdata import random_qtensor, reference_dequantize
 
@@ -165,7 +165,7 @@ def _gemm_portable_and_vnni(w, qx, kind, use_vnni):
     xi = np.empty((1, nblk * 512), np.int8)
     xdt = np.empty((1, nblk * 16), np.float32)
     xst = np.empty((1, nblk * 16), np.float32)
-    matmul_legacy._prepare_tiles(*qx, 0, 1, xi, xdt, xst, INT_BIAS[kind % GROUPED_KINDS])
+    matmul_legacy._prepare_tiles(*qx, 0, 1, xi, xdt, xst, kind)
     saved = vector_ir.USE_VNNI
     try:
         vector_ir.USE_VNNI = use_vnni
