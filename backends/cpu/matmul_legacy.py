@@ -37,7 +37,8 @@ from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
-from edged.backends.cpu.legacy_gemm_quad import GROUP_BYTES, ROWS, decode_row, quad_tile_dot
+from edged.backends.cpu.legacy_gemm_quad import (FORM_DIRECT_Q8_0, FORM_FLOAT_BIAS, FORM_INT_BIAS, GROUP_BYTES, ROWS, decode_row,
+                                                decode_scales, direct_q8_0, quad_tile_dot)
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
 from edged.backends.cpu.legacy_blocks import GROUPED_KINDS, INT_BIAS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
@@ -147,7 +148,9 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     in at most `tasks` prange steps (0: GEMM_TASKS_PER_THREAD per thread); pf > 0 prefetches the
     weight bytes pf ahead (the quads: QUAD_PREFETCH at 0, none at -1). Rows are decoded once and
     run four at a time (legacy_gemm_quad; their results go to y directly), except with mode 1 for
-    a single tile, which decodes inside the tile (legacy_gemm_tile). The same bits either way."""
+    a single tile, which decodes inside the tile (legacy_gemm_tile). A single tile of grouped Q8_0
+    rows reads the quads' words in place (legacy_gemm_quad.direct_q8_0: ~0.9x the time of decoding
+    them, docs/kernels.md). The same bits every way."""
     m = w.shape[0]
     ntile = xi.shape[0]
     nblk = xdt.shape[1] // TOKENS
@@ -156,7 +159,11 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     steps = tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads()
     rpt = TOKENS * max(1, (m + TOKENS * steps - 1) // (TOKENS * steps))  # rows per step
     qpf = QUAD_PREFETCH if pf == 0 else max(pf, 0)
-    sym = _int_bias(kind)  # > 0: xst holds the dots' integer start (_prepare_tiles)
+    # the quads' form: the rows read in place (one tile: several tiles ran ~1.04x slower so, reading
+    # the unaligned 34-byte-block groups once a tile), or decoded with the bias in the integer dot
+    # (xst holds its start, _prepare_tiles) or a float term
+    direct = ntile == 1 and direct_q8_0(kind, nblk)
+    form = FORM_DIRECT_Q8_0 if direct else (FORM_INT_BIAS if _int_bias(kind) > 0 else FORM_FLOAT_BIAS)
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
@@ -169,10 +176,13 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
             cs = np.empty(ROWS * sstride, np.float32)
             for i in range(0, quads, ROWS):
                 for q in range(ROWS):
-                    decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride)
+                    if direct:
+                        decode_scales(w[r0 + i + q], ds, q * sstride)
+                    else:
+                        decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride)
                 for tile in range(ntile):
                     quad_tile_dot(u, ustride, ds, cs, sstride, xi[tile], xdt[tile], xst[tile], acc, nblk,
-                                  w, r0 + i, qpf if tile == 0 else 0, sym)
+                                  w, r0 + i, qpf if tile == 0 else 0, form)
                     store_quad(acc, y, n0 + tile * TOKENS, min(TOKENS, n_live - tile * TOKENS), r0 + i)
         # the rest: row pairs share each tile block's activation loads; a single tile reading its
         # rows from DRAM ran ~1.2x slower in pairs (docs/kernels.md), so it keeps one

@@ -9,6 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.embed import embed
+from edged.backends.cpu.legacy_blocks import GROUPED_KINDS
+from edged.backends.cpu.legacy_gemm_quad import direct_q8_0
 from edged.backends.cpu.legacy_groups import group_rows, ungroup_rows
 from edged.backends.cpu.matmul_legacy import KIND
 from edged.quant.dequant import dequantize
@@ -91,10 +93,11 @@ def test_embed_reads_grouped_rows_and_dequantize_refuses_them():
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_gemm_row_quads_give_the_gemv_bits(qtype):
     """The gemm's decoded row quads (legacy_gemm_quad, every tile count with mode 0; from two
-    tiles on with mode 1) and the in-tile decode (one tile, mode 1) give each token the bits of
-    its own n = 1 gemv, raw and grouped, on k with a grouped 4 and a raw tail, and m = 4·q + 3
-    (a pair and a single row after the quads)."""
-    for k in (96, 288, 640, 896):
+    tiles on with mode 1), grouped Q8_0 quads read in place (one tile: k = 128, 512, 640, 896) and the
+    in-tile decode (one tile, mode 1) give each token the bits of its own n = 1 gemv, raw and
+    grouped, on k with whole groups only, a grouped 4 and a raw tail, and m = 4·q + 3 (a pair
+    and a single row after the quads)."""
+    for k in (96, 128, 288, 512, 640, 896):
         w = random_qtensor(qtype, 23, k, seed=k + 7)
         for wt in (w, mm.for_matmul(w)):
             for n in (16, 21, 40):
@@ -103,6 +106,15 @@ def test_gemm_row_quads_give_the_gemv_bits(qtype):
                 for knobs in ((0, 0, 0, 0), (0, 0, 1, 0), (5, 512, 0, 0), (0, -1, 0, 0)):
                     got = mm.matmul_knobs(wt, x, knobs, kernel="gemm")
                     np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} k={k} n={n} {knobs}")
+
+
+def test_only_whole_grouped_q8_0_rows_are_read_in_place():
+    """The quads read grouped Q8_0 rows in place only where every block is in a group of 8 or a
+    last group of 4 (their words then are the decoded layout); other rows and types decode."""
+    q8, q5 = KIND[T.Q8_0], KIND[T.Q5_0]
+    for nblk, whole in ((16, True), (20, True), (28, True), (4, True), (9, False), (3, False), (22, False)):
+        assert direct_q8_0(GROUPED_KINDS + q8, nblk) == whole, nblk
+        assert not direct_q8_0(q8, nblk) and not direct_q8_0(GROUPED_KINDS + q5, nblk)
 
 
 @pytest.mark.parametrize("nt", (16, 5))
