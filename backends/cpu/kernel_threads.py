@@ -15,6 +15,9 @@ _launch_threads()
 # an elementwise or per-row op over at most this many elements runs in the calling thread: a decode
 # step's few rows are less work than starting the thread pool (docs/kernels.md, "Small ops at decode")
 SERIAL_ELEMENTS = 16384
+# the gemms prepare their token tiles in the calling thread up to this many tile bytes: a 16-token
+# tile of k = 640 took 7.5 us on the thread pool (2.8 of it starting the pool), 2.4 us here
+SERIAL_TILE_BYTES = 32768
 
 
 def runs_serial(a) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
+from edged.backends.cpu.kernel_threads import SERIAL_TILE_BYTES, current_threads, fewer_threads, restore_threads
 from edged.backends.cpu.kquant_decode import decode_row
 from edged.backends.cpu.kquant_gemm_tile import TILE_ROWS, TOKENS, tile_dot
 from edged.backends.cpu.kquant_gemv import GEMV_TOKENS, interleave_blocks, rows_dot
@@ -176,50 +176,63 @@ def gemv_kquant(w, xq, xd, xs, y, kind, paired=0, tasks=0, pf=0, mode=0, threads
 # ------------------------------------------------------------------------------- gemm
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _prepare_tile_block(xq, xd, xs, n0, tw, bias16, ib, xq4, xi4, xdt, xbt, xbi, tile, b):
+    """Block b of tile `tile` (see _prepare_tiles): its tw tokens' groups, scales and sums."""
+    n = xq.shape[0]
+    nb_ = 2 if bias16 else 1
+    for t in range(tw):
+        tok = n0 + tile * tw + t
+        if tok < n:
+            for g in range(8):
+                xi4[tile, (b * 8 + g) * tw + t] = xq4[tok, b * 8 + g]
+            d = xd[tok, b]
+            xdt[tile, b * tw + t] = d
+            if bias16:
+                lo = np.int32(0)
+                for l in range(16):
+                    lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
+                if ib > 0:
+                    xbi[tile, 2 * b * tw + t] = np.int32(ib * lo)
+                    xbi[tile, (2 * b + 1) * tw + t] = np.int32(ib * (xs[tok, b] - lo))
+                else:
+                    xbt[tile, 2 * b * tw + t] = d * np.float32(lo)
+                    xbt[tile, (2 * b + 1) * tw + t] = d * np.float32(xs[tok, b] - lo)
+            else:
+                xbt[tile, b * tw + t] = d * np.float32(xs[tok, b])
+        else:
+            for g in range(8):
+                xi4[tile, (b * 8 + g) * tw + t] = 0
+            xdt[tile, b * tw + t] = 0.0
+            for q in range(nb_):
+                xbt[tile, (nb_ * b + q) * tw + t] = 0.0
+
+
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)
+def _prepare_tiles_parallel(xq, xd, xs, n0, tw, bias16, ib, xq4, xi4, xdt, xbt, xbi):
+    ntile, nblk = xi4.shape[0], xq.shape[1] // 32
+    # one task per (tile, block), all tw tokens: a 64-byte line holds 16 tokens' words, so tasks
+    # split by token would share every line between threads (much slower: docs/kernels.md)
+    for it in nb.prange(ntile * nblk):
+        _prepare_tile_block(xq, xd, xs, n0, tw, bias16, ib, xq4, xi4, xdt, xbt, xbi, it // nblk, it % nblk)
+
+
+@nb.njit(cache=True, nogil=True, fastmath=False)
 def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
     """Tokens n0 : n0 + tw·ntile of (xq, xd, xs) as tw-token tiles (tw 16 or 8; missing tokens
     zero): xi int8 [ntile, k/32 · 32·tw] ([block][8 groups][tw tokens][4 bytes], as tile_dot
     reads it), xdt float32 [ntile, k/32 · tw] activation scales, and xbt float32 scale × sums: per
     block [tw] (block sums) or, with bias16, [2][tw] (sums of elements 0-15 and 16-31); with
     ib > 0 those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
-    n, k = xq.shape
-    nblk = k // 32
-    ntile = xi.shape[0]
-    nb_ = 2 if bias16 else 1
     xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
     xi4 = xi.view(np.int32)  # [ntile, k/32 · 8·tw]
     xbi = xbt.view(np.int32)  # int bias terms (ib > 0)
-    # one task per (tile, block), all tw tokens: a 64-byte line holds 16 tokens' words, so tasks
-    # split by token would share every line between threads (much slower: docs/kernels.md)
-    for it in nb.prange(ntile * nblk):
-        tile = it // nblk
-        b = it % nblk
-        for t in range(tw):
-            tok = n0 + tile * tw + t
-            if tok < n:
-                for g in range(8):
-                    xi4[tile, (b * 8 + g) * tw + t] = xq4[tok, b * 8 + g]
-                d = xd[tok, b]
-                xdt[tile, b * tw + t] = d
-                if bias16:
-                    lo = np.int32(0)
-                    for l in range(16):
-                        lo = np.int32(lo + np.int32(xq[tok, 32 * b + l]))
-                    if ib > 0:
-                        xbi[tile, 2 * b * tw + t] = np.int32(ib * lo)
-                        xbi[tile, (2 * b + 1) * tw + t] = np.int32(ib * (xs[tok, b] - lo))
-                    else:
-                        xbt[tile, 2 * b * tw + t] = d * np.float32(lo)
-                        xbt[tile, (2 * b + 1) * tw + t] = d * np.float32(xs[tok, b] - lo)
-                else:
-                    xbt[tile, b * tw + t] = d * np.float32(xs[tok, b])
-            else:
-                for g in range(8):
-                    xi4[tile, (b * 8 + g) * tw + t] = 0
-                xdt[tile, b * tw + t] = 0.0
-                for q in range(nb_):
-                    xbt[tile, (nb_ * b + q) * tw + t] = 0.0
+    if xi.size > SERIAL_TILE_BYTES:
+        _prepare_tiles_parallel(xq, xd, xs, n0, tw, bias16, ib, xq4, xi4, xdt, xbt, xbi)
+        return
+    nblk = xq.shape[1] // 32
+    for it in range(xi.shape[0] * nblk):
+        _prepare_tile_block(xq, xd, xs, n0, tw, bias16, ib, xq4, xi4, xdt, xbt, xbi, it // nblk, it % nblk)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True, fastmath=False)

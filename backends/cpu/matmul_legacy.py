@@ -36,7 +36,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
-from edged.backends.cpu.kernel_threads import current_threads, fewer_threads, restore_threads
+from edged.backends.cpu.kernel_threads import SERIAL_TILE_BYTES, current_threads, fewer_threads, restore_threads
 from edged.backends.cpu.legacy_gemm_quad import (FORM_DIRECT_Q8_0, FORM_FLOAT_BIAS, FORM_INT_BIAS, GROUP_BYTES, ROWS, decode_row,
                                                 decode_scales, direct_q8_0, quad_tile_dot)
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
@@ -107,30 +107,45 @@ def _int_bias(kind):
     return INT_BIAS[kind % GROUPED_KINDS]
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _prepare_tile_block(xq4, xd, xs, n0, tile, b, xi4, xdt, xst, xsti, bias):
+    """Block b of tile `tile` (see _prepare_tiles): 16 tokens' 8 four-byte groups, scales, sums."""
+    n = xq4.shape[0]
+    for t in range(TOKENS):
+        tok = n0 + tile * TOKENS + t
+        live = tok < n
+        for g in range(GROUPS):
+            xi4[tile, (b * GROUPS + g) * TOKENS + t] = xq4[tok, b * GROUPS + g] if live else np.int32(0)
+        xdt[tile, b * TOKENS + t] = xd[tok, b] if live else np.float32(0.0)
+        if bias > 0:
+            xsti[tile, b * TOKENS + t] = np.int32(-bias * xs[tok, b]) if live else np.int32(0)
+        else:
+            xst[tile, b * TOKENS + t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
+
+
 @nb.njit(parallel=True, nogil=True, cache=True, fastmath=False)
+def _prepare_tiles_parallel(xq4, xd, xs, n0, ntile, xi4, xdt, xst, xsti, bias):
+    nblk = xdt.shape[1] // TOKENS
+    for tb in nb.prange(ntile * nblk):
+        _prepare_tile_block(xq4, xd, xs, n0, tb // nblk, tb % nblk, xi4, xdt, xst, xsti, bias)
+
+
+@nb.njit(nogil=True, cache=True, fastmath=False)
 def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, kind):
     """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) -> 16-token tiles (missing tokens are zero):
     xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32 · 16]; xst holds
     float(xs), or for a symmetric kind (_int_bias B > 0) the int32 bits of -B·xs: the integer
     dots' start."""
-    n, k = xq.shape
-    nblk = k // QK
-    bias = _int_bias(kind)
+    xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
+    xi4 = xi.view(np.int32)  # [ntile, k/32 · 8 · 16]
     xsti = xst.view(np.int32)  # [ntile, k/32 · 16]
-    for tb in nb.prange(ntile * nblk):
-        tile = tb // nblk
-        b = tb % nblk
-        for t in range(TOKENS):
-            tok = n0 + tile * TOKENS + t
-            live = tok < n
-            for g in range(GROUPS):
-                for q in range(4):
-                    xi[tile, b * 512 + g * 64 + t * 4 + q] = xq[tok, b * QK + g * 4 + q] if live else np.int8(0)
-            xdt[tile, b * TOKENS + t] = xd[tok, b] if live else np.float32(0.0)
-            if bias > 0:
-                xsti[tile, b * TOKENS + t] = np.int32(-bias * xs[tok, b]) if live else np.int32(0)
-            else:
-                xst[tile, b * TOKENS + t] = np.float32(xs[tok, b]) if live else np.float32(0.0)
+    bias = _int_bias(kind)
+    if ntile * xi.shape[1] > SERIAL_TILE_BYTES:
+        _prepare_tiles_parallel(xq4, xd, xs, n0, ntile, xi4, xdt, xst, xsti, bias)
+        return
+    nblk = xdt.shape[1] // TOKENS
+    for tb in range(ntile * nblk):
+        _prepare_tile_block(xq4, xd, xs, n0, tb // nblk, tb % nblk, xi4, xdt, xst, xsti, bias)
 
 
 # prange steps per thread by default: each step allocates its scratch once (16-row steps spent
