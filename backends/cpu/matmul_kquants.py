@@ -223,7 +223,8 @@ def _prepare_tiles(xq, xd, xs, n0, tw, bias16, ib, xi, xdt, xbt):
     zero): xi int8 [ntile, k/32 · 32·tw] ([block][8 groups][tw tokens][4 bytes], as tile_dot
     reads it), xdt float32 [ntile, k/32 · tw] activation scales, and xbt float32 scale × sums: per
     block [tw] (block sums) or, with bias16, [2][tw] (sums of elements 0-15 and 16-31); with
-    ib > 0 those two as int32 bits of ib × the sums (see tile_dot_s16_ib)."""
+    ib > 0 those two as int32 bits of ib × the sums (see tile_dot_s16_ib). Up to
+    SERIAL_TILE_BYTES of tiles in the calling thread, more on the thread pool: the same bytes."""
     xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
     xi4 = xi.view(np.int32)  # [ntile, k/32 · 8·tw]
     xbi = xbt.view(np.int32)  # int bias terms (ib > 0)

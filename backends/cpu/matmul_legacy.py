@@ -135,7 +135,7 @@ def _prepare_tiles(xq, xd, xs, n0, ntile, xi, xdt, xst, kind):
     """Tokens n0 : n0 + 16·ntile of (xq, xd, xs) -> 16-token tiles (missing tokens are zero):
     xi int8 [ntile, k/32 · 512] 4-interleaved, xdt / xst float32 [ntile, k/32 · 16]; xst holds
     float(xs), or for a symmetric kind (_int_bias B > 0) the int32 bits of -B·xs: the integer
-    dots' start."""
+    dots' start. Up to SERIAL_TILE_BYTES of tiles in the calling thread, more on the thread pool."""
     xq4 = xq.view(np.int32)  # [n, k/4] 4-byte groups: the interleave moves whole groups
     xi4 = xi.view(np.int32)  # [ntile, k/32 · 8 · 16]
     xsti = xst.view(np.int32)  # [ntile, k/32 · 16]
