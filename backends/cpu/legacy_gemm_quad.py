@@ -23,8 +23,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from edged.backends.cpu import vector_ir as vir
-from edged.backends.cpu.legacy_blocks import (ALL_KINDS, GROUPED_KINDS, LAYOUTS, block_scale_bias, block_u8, kind_layout,
-                                              tree8_vectors)
+from edged.backends.cpu.legacy_blocks import (ALL_KINDS, GROUPED_KINDS, INT_BIAS, LAYOUTS, block_scale_bias, block_u8,
+                                              kind_layout, tree8_vectors)
 from edged.backends.cpu.legacy_gemm_tile import TOKENS, _tile_block_int, _tile_start, _tile_term
 from edged.backends.cpu.legacy_groups import GROUP, TAIL, field_offsets, group_scales, group_words
 from edged.backends.cpu.vector_ir import F32, I8, I32, I64
@@ -253,6 +253,17 @@ def quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def direct_q8_0(kind, nblk):
-    """Whether quad_tile_dot reads rows of this kind in place (FORM_DIRECT_Q8_0): grouped Q8_0 rows
-    whose blocks are all in groups of 8 or a last group of 4."""
+    """Whether quad_tile_dot can read rows of this kind in place (FORM_DIRECT_Q8_0): grouped Q8_0
+    rows whose blocks are all in groups of 8 or a last group of 4."""
     return kind == GROUPED_KINDS + KIND_Q8_0 and (nblk % GROUP == 0 or nblk % GROUP == TAIL)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def quad_form(kind, nblk, ntile):
+    """quad_tile_dot's form for rows of a block kind over ntile tiles: in place for one tile of
+    rows direct_q8_0 takes (with several tiles the decode is paid once and the unaligned in-place
+    reads once a tile: ~1.04x slower, docs/kernels.md), else the bias in the integer dot for the
+    symmetric types (the tiles' xst holds its start) or a float term."""
+    if ntile == 1 and direct_q8_0(kind, nblk):
+        return FORM_DIRECT_Q8_0
+    return FORM_INT_BIAS if INT_BIAS[kind % GROUPED_KINDS] > 0 else FORM_FLOAT_BIAS

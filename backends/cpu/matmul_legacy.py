@@ -37,8 +37,7 @@ from gguf import GGMLQuantizationType as T
 
 from edged.backends.cpu.aligned import empty_aligned
 from edged.backends.cpu.kernel_threads import SERIAL_TILE_BYTES, current_threads, fewer_threads, restore_threads
-from edged.backends.cpu.legacy_gemm_quad import (FORM_DIRECT_Q8_0, FORM_FLOAT_BIAS, FORM_INT_BIAS, GROUP_BYTES, ROWS, decode_row,
-                                                decode_scales, direct_q8_0, quad_tile_dot)
+from edged.backends.cpu.legacy_gemm_quad import FORM_DIRECT_Q8_0, GROUP_BYTES, ROWS, decode_row, decode_scales, quad_form, quad_tile_dot
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
 from edged.backends.cpu.legacy_blocks import GROUPED_KINDS, INT_BIAS
 from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
@@ -174,11 +173,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
     steps = tasks if tasks > 0 else GEMM_TASKS_PER_THREAD * current_threads()
     rpt = TOKENS * max(1, (m + TOKENS * steps - 1) // (TOKENS * steps))  # rows per step
     qpf = QUAD_PREFETCH if pf == 0 else max(pf, 0)
-    # the quads' form: the rows read in place (one tile: several tiles ran ~1.04x slower so, reading
-    # the unaligned 34-byte-block groups once a tile), or decoded with the bias in the integer dot
-    # (xst holds its start, _prepare_tiles) or a float term
-    direct = ntile == 1 and direct_q8_0(kind, nblk)
-    form = FORM_DIRECT_Q8_0 if direct else (FORM_INT_BIAS if _int_bias(kind) > 0 else FORM_FLOAT_BIAS)
+    form = quad_form(kind, nblk, ntile)
     for task in nb.prange((m + rpt - 1) // rpt):
         acc = np.empty(ROWS * TOKENS, np.float32)  # [4 rows, 16 tokens]
         r0 = task * rpt
@@ -191,7 +186,7 @@ def _gemm_rows(kind, w, n0, n_live, xi, xdt, xst, y, tasks=0, pf=0, mode=0):
             cs = np.empty(ROWS * sstride, np.float32)
             for i in range(0, quads, ROWS):
                 for q in range(ROWS):
-                    if direct:
+                    if form == FORM_DIRECT_Q8_0:  # the rows are read in place: their scales alone
                         decode_scales(w[r0 + i + q], ds, q * sstride)
                     else:
                         decode_row(w[r0 + i + q], kind, u, q * ustride, ds, cs, q * sstride)
