@@ -13,8 +13,10 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
-from edged.backends.cpu.legacy_blocks import ALL_KINDS, kind_layout
+from edged.backends.cpu.legacy_blocks import ALL_KINDS, GROUPED_KINDS, kind_layout
 from edged.backends.cpu.legacy_gemv_ir import GemvRowEmitter
+from edged.backends.cpu.legacy_gemv_rows_ir import GemvRowsEmitter
+from edged.backends.cpu.legacy_groups import GROUP, TAIL
 
 
 def _arr(t, dtype, ndim):
@@ -66,6 +68,44 @@ def rows_dot8(row, kind, xt, xq, xd, xs, acc, y, r, pf, mode):
     pf > 0 prefetches the bytes pf ahead of each group of the row (0: none); mode 1 runs one token
     per 256-bit dot where VNNI hosts pair two tokens in a 512-bit one (0)."""
     _rows_dot8_knobs(row, kind, xt, xq, xd, xs, acc, y, r, pf, mode)
+
+
+@intrinsic
+def _rows_dot8_one(typingctx, w, kind, xt, xd, xs, y, r0, r1, pf):
+    """rows_dot8_one's IR (legacy_gemv_rows_ir); for a raw kind an empty body (one_token_rows is
+    false there, so the call is never reached)."""
+    ok = (
+        _arr(w, types.uint8, 2) and isinstance(kind, types.IntegerLiteral) and kind.literal_value in ALL_KINDS
+        and _arr(xt, types.int8, 2) and _arr(xd, types.float32, 2)
+        and _arr(xs, types.int32, 2) and _arr(y, types.float32, 2) and isinstance(r0, types.Integer)
+        and isinstance(r1, types.Integer) and isinstance(pf, types.Integer)
+    )
+    if not ok:
+        return None
+    layout, grouped = kind_layout(kind.literal_value)
+
+    def codegen(context, builder, signature, args):
+        if grouped:
+            GemvRowsEmitter(context, builder, signature, args, layout).emit()
+        return context.get_dummy_value()
+
+    return types.void(w, kind, xt, xd, xs, y, r0, r1, pf), codegen
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def one_token_rows(kind, nblk):
+    """Whether rows_dot8_one serves rows of this kind and nblk blocks: grouped rows of whole
+    groups of 8 and at most a last group of 4 (no raw tail)."""
+    return kind >= GROUPED_KINDS and nblk % GROUP in (0, TAIL)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def rows_dot8_one(w, kind, xt, xd, xs, y, r0, r1, pf):
+    """y[0, r0 : r1] for one token: rows_dot8's values bit for bit (its lanes' float operations
+    in its order), for rows where one_token_rows holds, in one loop with the lanes in registers.
+    w uint8 [m, row_bytes] C-contiguous, 0 <= r0 <= r1 <= m (not checked); xt, xd, xs as rows_dot8
+    takes them for n = 1; pf as rows_dot8's."""
+    _rows_dot8_one(w, kind, xt, xd, xs, y, r0, r1, pf)
 
 
 @nb.njit(cache=True, nogil=True)

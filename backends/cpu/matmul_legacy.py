@@ -12,7 +12,8 @@ subtract the integer B·xs from that dot instead of adding c·xs in float: xd ·
 gemv (n <= GEMV_MAX_N): per row, legacy_gemv.rows_dot8 decodes each group of 8 raw blocks once
 for every token, transposes it in registers and sums 8 whole blocks per vpdpbusd lane against
 activations repacked once per call (legacy_gemv.repack_groups8; a last group of <= 4 blocks, e.g.
-k = 640, packs two tokens into each vector, so it costs half a group per token).
+k = 640, packs two tokens into each vector, so it costs half a group per token). At n = 1 a task's
+grouped rows run in one loop with the lanes in registers (legacy_gemv.rows_dot8_one, the same bits).
 
 gemm (n larger): activations are repacked once per call into 16-token tiles (4-interleaved int8,
 per-block scales and sums), then legacy_gemm_tile's row tiles multiply each raw weight row (two
@@ -40,7 +41,7 @@ from edged.backends.cpu.kernel_threads import SERIAL_TILE_BYTES, current_threads
 from edged.backends.cpu.legacy_gemm_quad import FORM_DIRECT_Q8_0, GROUP_BYTES, ROWS, decode_row, decode_scales, quad_form, quad_tile_dot
 from edged.backends.cpu.legacy_gemm_tile import GROUPS, TOKENS, row_tile_dot_raw8, rows2_tile_dot_raw8
 from edged.backends.cpu.legacy_blocks import GROUPED_KINDS, INT_BIAS
-from edged.backends.cpu.legacy_gemv import repack_groups8, rows_dot8
+from edged.backends.cpu.legacy_gemv import one_token_rows, repack_groups8, rows_dot8, rows_dot8_one
 from edged.backends.cpu.legacy_groups import group_rows
 from edged.backends.cpu.tile_store import store_quad
 from edged.backends.cpu.typed_kernel import TypedKernel, bind
@@ -75,10 +76,15 @@ def _gemv_raw(w, xq, xd, xs, y, kind, tasks, pf, mode):
     xt = empty_aligned((n + 1) // 2, ((k // QK + 7) // 8) * 512, np.int8)  # [token pairs, groups·512] 8-block groups, transposed
     repack_groups8(xq, xt)
     n_tasks = min(m, tasks if tasks > 0 else GEMV_TASKS)
+    one = n == 1 and one_token_rows(kind, k // QK)  # one token: a task's rows in one loop
     for task in nb.prange(n_tasks):
-        acc = empty_aligned(1, 8 * n, np.float32)[0]  # [n, 8] lane accumulators
-        for r in range(task * m // n_tasks, (task + 1) * m // n_tasks):
-            rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r, pf, mode)
+        r0, r1 = task * m // n_tasks, (task + 1) * m // n_tasks
+        if one:  # its lanes in registers: no scratch
+            rows_dot8_one(w, kind, xt, xd, xs, y, r0, r1, pf)
+        else:
+            acc = empty_aligned(1, 8 * n, np.float32)[0]  # [n, 8] lane accumulators
+            for r in range(r0, r1):
+                rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y, r, pf, mode)
 
 
 def _make_gemv(qtype, grouped=False):

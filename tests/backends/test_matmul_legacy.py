@@ -207,3 +207,65 @@ def test_raw_decoders_both_paths(qtype, use_vnni, grouped):
     assert rel_err(y1, x @ reference_dequantize(w).T) <= REL_BOUND[qtype]
     np.testing.assert_array_equal(y1, y2)
     np.testing.assert_array_equal(y1, mm.matmul(w, x))  # the same float order as the cached kernels
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_one_token_rows_give_the_row_dot_bits(qtype):
+    """At n = 1 the gemv runs each task's grouped rows in one loop (rows_dot8_one, the lanes in
+    registers) where every block is in a group of 8 or a last group of 4. Every split of the
+    rows into tasks (one, several, one row each) and the prefetch knob give the raw rows' n = 1
+    bits (the row-by-row path), which are the gemm's."""
+    for k in (256, 640, 2048):  # whole groups; two and a grouped last group of 4; many groups
+        m = 29
+        w = random_qtensor(qtype, m, k, seed=k + 3)
+        wg = mm.for_matmul(w)
+        x = activations(1, k, seed=k)
+        want = mm.matmul_knobs(w, x, (0, 0, 0, 0), kernel="gemm")
+        np.testing.assert_array_equal(mm.matmul(w, x), want)
+        for knobs in ((1, 0, 0, 1), (2, 0, 0, 0), (0, 0, 0, 0), (3, 512, 0, 0), (64, 0, 0, 0)):
+            got = mm.matmul_knobs(wg, x, knobs)
+            np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} k={k} {knobs}")
+
+
+def test_one_token_rows_apply_to_whole_grouped_groups_only():
+    """rows_dot8_one serves grouped rows whose blocks are all in groups of 8 or a last group of
+    4; raw rows and rows with a raw tail take the row-by-row path."""
+    q5 = KIND[T.Q5_0]
+    for nblk, whole in ((8, True), (20, True), (64, True), (4, True), (9, False), (3, False), (22, False)):
+        assert legacy_gemv.one_token_rows(GROUPED_KINDS + q5, nblk) == whole, nblk
+        assert not legacy_gemv.one_token_rows(q5, nblk)
+
+
+@pytest.mark.parametrize("use_vnni", [False, True] if vector_ir.USE_VNNI else [False])
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_1, T.IQ4_NL], ids=lambda t: t.name)
+def test_one_token_rows_both_codegen_paths(qtype, use_vnni):
+    """rows_dot8_one compiled on each codegen path (portable and VNNI) gives rows_dot8's bits on
+    the same path (k = 384: one group of 8 and a grouped last group of 4; k = 512: two whole),
+    over all rows and over a run in the middle (rows outside it untouched)."""
+    kind = KIND[qtype] + GROUPED_KINDS
+    saved = vector_ir.USE_VNNI
+    try:
+        vector_ir.USE_VNNI = use_vnni
+
+        @nb.njit(cache=False)
+        def both(w, xt, xq, xd, xs, y1, y2, r0, r1):
+            acc = np.empty(8, np.float32)
+            for r in range(w.shape[0]):
+                legacy_gemv._rows_dot8(w[r], kind, xt, xq, xd, xs, acc, y1, r)
+            legacy_gemv._rows_dot8_one(w, kind, xt, xd, xs, y2, r0, r1, 0)
+
+        m = 7
+        for k in (384, 512):
+            wg = mm.for_matmul(random_qtensor(qtype, m, k, seed=k))
+            qx = quantize_activations(activations(1, k, seed=k + 1))
+            xt = np.empty((1, ((k // 32 + 7) // 8) * 512), np.int8)
+            legacy_gemv.repack_groups8(qx[0], xt)
+            for r0, r1 in ((0, m), (2, 5)):
+                y1 = np.full((1, m), np.nan, np.float32)
+                y2 = np.full((1, m), np.nan, np.float32)
+                both(wg.rows(), xt, *qx, y1, y2, r0, r1)
+                np.testing.assert_array_equal(y2[:, r0:r1], y1[:, r0:r1], err_msg=f"{qtype.name} k={k}")
+                assert np.isnan(y2[:, :r0]).all() and np.isnan(y2[:, r1:]).all()
+        assert ("vpdpbusd" in both.inspect_asm(both.signatures[0])) == use_vnni
+    finally:
+        vector_ir.USE_VNNI = saved
