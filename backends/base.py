@@ -36,6 +36,10 @@ CUDA backends are interchangeable per layer. Shapes use numpy order; all activat
         not apply. moe: moe_block_step's arguments but h; ffn: a dense layer's (gate, up, down, act,
         post_ffn_norm): to run that block and its residual add in the same call where it applies
         too, returning (x, None))
+    layers_step(x [n, d], steps, kvs, batch) -> x or None
+        (optional, CPU: every layer of a decode step in one call, in place, where each is a dense
+        layer attention_block_step runs whole; steps[i]: its arguments but x, kv and batch, in the
+        decoder's order. None where it does not apply to every layer: nothing is run then)
 
 Placement and layout (arrays stay in the backend's memory between ops; host numpy on the CPU):
     upload(host array) -> array;  to_host(array) -> numpy;  upload_matrix(QTensor) -> weight handle

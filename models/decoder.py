@@ -257,7 +257,8 @@ class DecoderModel:
             x = ops.scale(x, self.embed_scale, out=x)
         prepared = {}  # backend id -> this step's metadata in that backend's memory, per layer kind
         last = len(self.layers) - 1
-        for i, layer in enumerate(self._run_layers):
+        stack = self._layers_step(x, batch, kv) if rows is None else None
+        for i, layer in enumerate(self._run_layers if stack is None else ()):
             ops, x = self._move(ops, self.layer_ops[i], x)
             views = prepared.get(id(ops))
             if views is None:
@@ -265,6 +266,8 @@ class DecoderModel:
                 views = prepared[id(ops)] = (b, b.window_view())  # global, sliding-window layers
             x = self._layer(ops, layer, x, views[layer.window > 0], kv[i], rows if i == last else None,
                             self._step_args[i])
+        if stack is not None:
+            ops, x = stack
         ops, x = self._move(ops, self.output_ops, x)
         hidden = None
         if want_hidden:  # x holds the `keep` rows, sorted: pick the hidden ones, then the logits'
@@ -307,6 +310,16 @@ class DecoderModel:
             f = ops.rms_norm(f, lw.post_ffn_norm, self.hparams.eps)
         x = ops.add(x, f, out=x)
         return x
+
+    def _layers_step(self, x, batch: Batch, kv: list[LayerKV]):
+        """(ops, x through every layer) from one layers_step call where all layers sit on one
+        backend that has that op and it applies (a decode step of dense layers), else None."""
+        ops = self.layer_ops[0]
+        step_fn = getattr(ops, "layers_step", None)
+        if step_fn is None or ops is not self.host_ops or any(o is not ops for o in self.layer_ops):
+            return None
+        y = step_fn(x, self._step_args, kv, ops.prepare_batch(batch))
+        return None if y is None else (ops, y)
 
     def _attention_step_args(self, lw: LayerWeights) -> tuple:
         """Layer lw's arguments to a backend's attention_block_step but x, kv and batch (which go

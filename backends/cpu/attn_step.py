@@ -13,6 +13,7 @@ runs the general path.
 
 import numba as nb
 import numpy as np
+from numba.typed import List
 
 from edged.backends.base import Batch, LayerKV, RopeParams, check_sinks
 from edged.backends.cpu import kv_codec
@@ -244,6 +245,53 @@ def _block_ffn(x, h, cs, n_dims, neox, kc, vc, ks, vs, slots, block_tables, seq_
     return 0
 
 
+@nb.njit(cache=True, nogil=True)
+def _layers_ffn(x, layers, cs, n_dims, neox, slots, tables, wslots, wtables, seq_starts, positions):
+    """x float32 [n, d] through the dense layers of `layers` in order (each a layer_row: its
+    sliding-window flag, RoPE index into cs [ropes, n, 2, n_dims/2], K/V arrays, then _block_ffn's
+    arguments after positions), in place. Returns (layer, _ERRORS code) of the first layer that
+    refused, else (-1, 0). attention_block_step runs one layer so, layers_step a whole stack:
+    the one compiled copy of _block_ffn (compiling it costs ~2 minutes)."""
+    h = np.empty_like(x)  # [n, d]
+    for i in range(len(layers)):
+        lay = layers[i]
+        win = lay[0]
+        err = _block_ffn(x, h, cs[lay[1]], n_dims, neox, lay[2], lay[3], lay[4], lay[5], wslots if win else slots,
+                         wtables if win else tables, seq_starts, positions, *lay[6:])
+        if err:
+            return i, err
+    return -1, 0
+
+
+def layer_row(window: int, rope_index: int, kv: LayerKV, layer) -> tuple:
+    """A dense layer's entry in _layers_ffn's list: (sliding window?, RoPE index, K/V arrays,
+    _block_ffn's arguments after positions) from _kept_layer_args' value `layer`."""
+    return (int(window > 0), rope_index, *kv_codec.kernel_arrays(kv), *layer[0], *layer[2])
+
+
+def typed_rows(rows):
+    """A numba typed list of layer_row tuples, or None where their types differ (one list holds one
+    type: a layer whose arrays or knobs are typed otherwise runs apart)."""
+    typed = List()
+    try:
+        for r in rows:
+            typed.append(r)
+    except Exception:  # noqa: BLE001 — numba's typing errors have no common base
+        return None
+    return typed
+
+
+def _one_layer(kv: LayerKV, wo, layer):
+    """typed_rows of this one dense layer, kept on wo for the same arguments and caches."""
+    key = (id(layer), id(kv.k), id(kv.v), id(kv.k_scale), id(kv.v_scale))
+    hit = wo.__dict__.get("_one_layer")
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    rows = typed_rows([layer_row(0, 0, kv, layer)])
+    object.__setattr__(wo, "_one_layer", (key, (layer, kv), rows))  # keeps the objects in key alive
+    return rows
+
+
 def _ffn_args(n, d, ffn):
     """_ffn's arguments after eps for ffn = (gate or None, up, down, act, post_ffn_norm), or None
     where the step does not take it (another activation, a projection without a gemv here)."""
@@ -353,8 +401,13 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     h = np.empty_like(x)  # [n, d]
     step = (x, h, *_step_cos_sin(rope, positions, kv.k.shape[3]), *kv_codec.kernel_arrays(kv), slots, block_tables,
             seq_starts, positions)
+    one = _one_layer(kv, wo, layer) if margs is None and fargs is not None else None
     if margs is not None:
         err = _block_moe(*step, *attn, *margs)
+    elif one is not None:
+        cs, n_dims, neox = step[2:5]
+        err = _layers_ffn(x, one, cs[None], n_dims, neox, slots, block_tables, slots, block_tables, seq_starts,
+                          positions)[1]
     elif fargs is not None:
         err = _block_ffn(*step, *attn, *fargs)
     else:

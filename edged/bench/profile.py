@@ -15,6 +15,7 @@ from collections import defaultdict
 _OP_GROUP = {
     # attention_block_step: a decode layer's attention block in one call, and its FFN where it takes it
     "attention": "attention", "store_kv": "attention", "attention_block_step": "layer step",
+    "layers_step": "layer step",  # every layer of a decode step in one call
     "rms_norm": "norms/rope/act", "rope": "norms/rope/act", "gelu_tanh_mul": "norms/rope/act",
     "silu_mul": "norms/rope/act", "softcap": "norms/rope/act", "add": "norms/rope/act",
     "scale": "norms/rope/act", "embed": "embed", "rope_store_kv": "norms/rope/act",  # + the KV store

@@ -33,6 +33,7 @@ def test_decode_takes_the_step_with_the_general_paths_bits(tmp_path, monkeypatch
         return out
 
     monkeypatch.setattr(cpu, "attention_block_step", step)
+    monkeypatch.delattr(cpu, "layers_step")  # layer by layer (the whole stack in one call: test_layers_step.py)
     prompt = [5, 17, 42, 99, 7, 3, 250, 11]
     fused = greedy(load_model(gf), prompt, 6)
     assert (1, True) in taken  # the decode tokens' layers took it (the whole layer but gpt-oss's)

@@ -1,0 +1,88 @@
+"""layers_step: a decode step's whole layer stack in one compiled call, where every layer is a
+dense one that attention_block_step runs whole (its attention block and FFN, attn_step._block_ffn).
+
+At decode each layer's attention_block_step costs ~20 µs of Python around its compiled block
+(argument lookups, the step's arrays, the call): ~0.4 ms of a ~9 ms single-sequence step for an
+18-layer model, on a core whose caches the weights have just flushed (docs/kernels.md, "The
+layer stack in one call"). Here the per-layer arguments are built once into a typed list, and
+one call runs _block_ffn for each layer in order: the same kernels on the same arguments, so the
+bits are the per-layer path's (attention_block_step runs a dense layer through the same
+compiled loop, a list of one).
+"""
+
+import numpy as np
+
+from edged.backends.base import Batch
+from edged.backends.cpu.attn_step import _ERRORS, _kept_layer_args, _layers_ffn, layer_row, typed_rows
+from edged.backends.cpu.matmul import tuned_version
+from edged.backends.cpu.rope_store import _step_cos_sin
+
+
+def _plan(n, d, steps, kvs):
+    """(attn_step.typed_rows of every layer, the distinct RoPE params in index order), or None
+    where some layer is not a dense one _layers_ffn runs (or the rows' types differ)."""
+    ropes, rows = [], []
+    for args, kv in zip(steps, kvs):
+        attn_norm, mats, wo, ffn_norm, rope, eps, scale, window, softcap, q_norm, k_norm, bqkv, bo, sinks, post, moe, \
+            ffn = args
+        if moe is not None or ffn is None:
+            return None
+        layer = _kept_layer_args(n, d, kv.k.shape, attn_norm, mats, wo, ffn_norm, eps, scale, window, softcap, q_norm,
+                                 k_norm, bqkv, bo, sinks, post, moe, ffn)
+        if layer is None or layer[2] is None:
+            return None
+        ri = next((i for i, r in enumerate(ropes) if r is rope), None)
+        if ri is None:
+            ri, _ = len(ropes), ropes.append(rope)
+        rows.append(layer_row(window, ri, kv, layer))
+    typed = typed_rows(rows)
+    return None if typed is None else (typed, ropes)
+
+
+def _kept_plan(n, d, steps, kvs):
+    """_plan, kept on the first layer's wo for the same steps, caches, batch size and tuned kernels."""
+    wo = steps[0][2]
+    key = (n, d, tuned_version(), id(steps), len(steps), *(id(kv.k) for kv in kvs))
+    kept = wo.__dict__.setdefault("_layers_step", {})
+    hit = kept.get(n)
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    plan = _plan(n, d, steps, kvs)
+    kept[n] = (key, (steps, kvs), plan)  # keeps the objects whose ids are in key alive
+    return plan
+
+
+def layers_step(x: np.ndarray, steps: list, kvs: list, batch: Batch):
+    """x float32 [n, d] through every layer at decode, in place, as attention_block_step with
+    each layer's arguments steps[i] (its tuple after x: attention_block_step's arguments but x, kv
+    and batch, in the decoder's order) and KV kvs[i] would take it, bit for bit. None where that
+    does not hold for every layer (nothing is run then): the caller runs the layers one by one."""
+    n = x.shape[0] if x.ndim == 2 else 0
+    if (n == 0 or x.dtype != np.float32 or not x.flags.c_contiguous or not steps or len(steps) != len(kvs)
+            or any(batch.block_size != kv.k.shape[1] for kv in kvs)):
+        return None
+    plan = _kept_plan(n, x.shape[1], steps, kvs)
+    if plan is None:
+        return None
+    layers, ropes = plan
+    positions = np.ascontiguousarray(batch.positions, dtype=np.int32)
+    if positions.shape != (n,):
+        return None
+    hd = kvs[0].k.shape[3]
+    if any(kv.k.shape[3] != hd for kv in kvs):
+        return None
+    cs = [_step_cos_sin(r, positions, hd) for r in ropes]
+    if any(c[1:] != cs[0][1:] or c[0].shape != cs[0][0].shape for c in cs):
+        return None  # RoPEs of different widths or pairings: one call takes one
+    wb = batch.window_view()
+    arrays = [np.ascontiguousarray(a, dtype=np.int32) for a in (batch.slot_mapping, batch.block_tables,
+                                                                  wb.slot_mapping, wb.block_tables, batch.seq_starts)]
+    if arrays[0].shape != (n,) or arrays[2].shape != (n,) or arrays[1].ndim != 2 or arrays[3].ndim != 2:
+        return None
+    i, err = _layers_ffn(x, layers, np.stack([c[0] for c in cs]), cs[0][1], cs[0][2], *arrays, positions)
+    if err:
+        kc = kvs[i].k
+        b = wb if steps[i][7] > 0 else batch
+        raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=b.seq_starts, n=n,
+                                             rows=b.block_tables.shape[0]))
+    return x
