@@ -40,16 +40,18 @@ def _plan(n, d, steps, kvs):
 
 
 def _kept_plan(n, d, steps, kvs):
-    """_plan, kept on the first layer's wo for the same steps, caches, batch size and tuned kernels."""
+    """_plan, kept on the first layer's wo per batch size for the same steps, caches and tuned
+    kernels; other caches (a new engine's) replace every kept plan, so none holds old KV alive."""
     wo = steps[0][2]
-    key = (n, d, tuned_version(), id(steps), len(steps), *(id(kv.k) for kv in kvs))
-    kept = wo.__dict__.setdefault("_layers_step", {})
-    hit = kept.get(n)
-    if hit is not None and hit[0] == key:
-        return hit[2]
-    plan = _plan(n, d, steps, kvs)
-    kept[n] = (key, (steps, kvs), plan)  # keeps the objects whose ids are in key alive
-    return plan
+    key = (d, tuned_version(), id(steps), len(steps), *(id(kv.k) for kv in kvs))
+    kept = wo.__dict__.get("_layers_step")
+    if kept is None or kept[0] != key:
+        kept = (key, (steps, kvs), {})  # keeps the objects whose ids are in key alive
+        object.__setattr__(wo, "_layers_step", kept)
+    plans = kept[2]
+    if n not in plans:
+        plans[n] = _plan(n, d, steps, kvs)
+    return plans[n]
 
 
 def layers_step(x: np.ndarray, steps: list, kvs: list, batch: Batch):

@@ -113,3 +113,18 @@ def test_a_bad_slot_raises_as_the_per_layer_path_does(tmp_path, monkeypatch):
             model.forward(b, kv)
         errors.append(str(e.value))
     assert errors[0] == errors[1] and "slot out of range" in errors[0]
+
+
+def test_new_caches_replace_the_kept_plans(tmp_path):
+    """The stack's kept per-layer rows hold their K/V arrays: caches allocated anew (a new engine
+    on the same model) replace every kept plan, so the old caches are not held alive."""
+    model = _model(tmp_path, "llama", T.Q4_K)
+    bs = 4
+    wo = model._step_args[0][2]
+    for kv in (model.allocate_kv(4, bs), model.allocate_kv(6, bs)):
+        for n in (1, 2):  # two batch sizes' plans
+            b = _decode_batch([0] * n, [i * bs for i in range(n)], [[i] for i in range(n)], [i * bs for i in range(n)],
+                              [[i] for i in range(n)], bs)
+            model.forward(b, kv)
+        kept = wo.__dict__["_layers_step"]
+        assert kept[1][1] is kv and sorted(kept[2]) == [1, 2] and all(p is not None for p in kept[2].values())
