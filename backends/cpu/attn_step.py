@@ -398,24 +398,30 @@ def attention_block_step(x: np.ndarray, attn_norm: np.ndarray, mats: tuple, wo: 
     if positions.shape != (n,) or slots.shape != (n,) or block_tables.ndim != 2:
         return None
     seq_starts = np.ascontiguousarray(batch.seq_starts, dtype=np.int32)
-    h = np.empty_like(x)  # [n, d]
-    step = (x, h, *_step_cos_sin(rope, positions, kv.k.shape[3]), *kv_codec.kernel_arrays(kv), slots, block_tables,
-            seq_starts, positions)
+    cs, n_dims, neox = _step_cos_sin(rope, positions, kv.k.shape[3])
     one = _one_layer(kv, wo, layer) if margs is None and fargs is not None else None
-    if margs is not None:
-        err = _block_moe(*step, *attn, *margs)
-    elif one is not None:
-        cs, n_dims, neox = step[2:5]
+    h = None
+    if one is not None:
         err = _layers_ffn(x, one, cs[None], n_dims, neox, slots, block_tables, slots, block_tables, seq_starts,
                           positions)[1]
-    elif fargs is not None:
-        err = _block_ffn(*step, *attn, *fargs)
     else:
-        err = _block(*step, *attn)
+        h = np.empty_like(x)  # [n, d]
+        step = (x, h, cs, n_dims, neox, *kv_codec.kernel_arrays(kv), slots, block_tables, seq_starts, positions)
+        if margs is not None:
+            err = _block_moe(*step, *attn, *margs)
+        elif fargs is not None:
+            err = _block_ffn(*step, *attn, *fargs)
+        else:
+            err = _block(*step, *attn)
     if err > 10:  # cannot happen: n <= max_n makes every group small, and the routing forms them well
         raise RuntimeError(f"attention_block_step: the routing's groups were refused (code {err - 10})")
     if err:
-        kc = kv.k
-        raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=seq_starts, n=n,
-                                             rows=block_tables.shape[0]))
+        raise step_error(err, kv, seq_starts, n, block_tables)
     return x, (h if margs is None and fargs is None else None)
+
+
+def step_error(err: int, kv: LayerKV, seq_starts, n: int, block_tables) -> ValueError:
+    """The ValueError the ops would raise for a block's _ERRORS code err in the layer with KV kv."""
+    kc = kv.k
+    return ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=seq_starts, n=n,
+                                          rows=block_tables.shape[0]))

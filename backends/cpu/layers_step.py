@@ -13,7 +13,7 @@ compiled loop, a list of one).
 import numpy as np
 
 from edged.backends.base import Batch
-from edged.backends.cpu.attn_step import _ERRORS, _kept_layer_args, _layers_ffn, layer_row, typed_rows
+from edged.backends.cpu.attn_step import _kept_layer_args, _layers_ffn, layer_row, step_error, typed_rows
 from edged.backends.cpu.matmul import tuned_version
 from edged.backends.cpu.rope_store import _step_cos_sin
 
@@ -23,18 +23,14 @@ def _plan(n, d, steps, kvs):
     where some layer is not a dense one _layers_ffn runs (or the rows' types differ)."""
     ropes, rows = [], []
     for args, kv in zip(steps, kvs):
-        attn_norm, mats, wo, ffn_norm, rope, eps, scale, window, softcap, q_norm, k_norm, bqkv, bo, sinks, post, moe, \
-            ffn = args
-        if moe is not None or ffn is None:
+        layer = _kept_layer_args(n, d, kv.k.shape, *args[:4], *args[5:])  # attention_block_step's but rope
+        if layer is None or layer[1] is not None or layer[2] is None:  # not a dense layer run whole
             return None
-        layer = _kept_layer_args(n, d, kv.k.shape, attn_norm, mats, wo, ffn_norm, eps, scale, window, softcap, q_norm,
-                                 k_norm, bqkv, bo, sinks, post, moe, ffn)
-        if layer is None or layer[2] is None:
-            return None
+        rope = args[4]
         ri = next((i for i, r in enumerate(ropes) if r is rope), None)
         if ri is None:
             ri, _ = len(ropes), ropes.append(rope)
-        rows.append(layer_row(window, ri, kv, layer))
+        rows.append(layer_row(args[7], ri, kv, layer))  # args[7]: the sliding window
     typed = typed_rows(rows)
     return None if typed is None else (typed, ropes)
 
@@ -83,8 +79,6 @@ def layers_step(x: np.ndarray, steps: list, kvs: list, batch: Batch):
         return None
     i, err = _layers_ffn(x, layers, np.stack([c[0] for c in cs]), cs[0][1], cs[0][2], *arrays, positions)
     if err:
-        kc = kvs[i].k
         b = wb if steps[i][7] > 0 else batch
-        raise ValueError(_ERRORS[err].format(slots=kc.shape[0] * kc.shape[1], starts=b.seq_starts, n=n,
-                                             rows=b.block_tables.shape[0]))
+        raise step_error(err, kvs[i], b.seq_starts, n, b.block_tables)
     return x

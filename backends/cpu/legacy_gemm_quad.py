@@ -26,7 +26,7 @@ from edged.backends.cpu import vector_ir as vir
 from edged.backends.cpu.legacy_blocks import (ALL_KINDS, GROUPED_KINDS, INT_BIAS, LAYOUTS, block_scale_bias, block_u8,
                                               kind_layout, tree8_vectors)
 from edged.backends.cpu.legacy_gemm_tile import TOKENS, _tile_block_int, _tile_start, _tile_term
-from edged.backends.cpu.legacy_groups import GROUP, TAIL, field_offsets, group_scales, group_words
+from edged.backends.cpu.legacy_groups import GROUP, TAIL, field_offsets, group_scales, group_words, whole_groups
 from edged.backends.cpu.vector_ir import F32, I8, I32, I64
 
 ROWS = 4  # weight rows per quad_tile_dot call
@@ -255,7 +255,7 @@ def quad_tile_dot(u, ustride, d, c, sstride, xi, xdt, xst, out, nblk, w, row, pf
 def direct_q8_0(kind, nblk):
     """Whether quad_tile_dot can read rows of this kind in place (FORM_DIRECT_Q8_0): grouped Q8_0
     rows whose blocks are all in groups of 8 or a last group of 4."""
-    return kind == GROUPED_KINDS + KIND_Q8_0 and (nblk % GROUP == 0 or nblk % GROUP == TAIL)
+    return kind == GROUPED_KINDS + KIND_Q8_0 and whole_groups(nblk)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")

@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 from edged.backends.cpu.legacy_blocks import ALL_KINDS, GROUPED_KINDS, kind_layout
 from edged.backends.cpu.legacy_gemv_ir import GemvRowEmitter
 from edged.backends.cpu.legacy_gemv_rows_ir import GemvRowsEmitter
-from edged.backends.cpu.legacy_groups import GROUP, TAIL
+from edged.backends.cpu.legacy_groups import whole_groups
 
 
 def _arr(t, dtype, ndim):
@@ -96,7 +96,7 @@ def _rows_dot8_one(typingctx, w, kind, xt, xd, xs, y, r0, r1, pf):
 def one_token_rows(kind, nblk):
     """Whether rows_dot8_one serves rows of this kind and nblk blocks: grouped rows of whole
     groups of 8 and at most a last group of 4 (no raw tail)."""
-    return kind >= GROUPED_KINDS and nblk % GROUP in (0, TAIL)
+    return kind >= GROUPED_KINDS and whole_groups(nblk)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")

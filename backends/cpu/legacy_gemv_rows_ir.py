@@ -46,8 +46,6 @@ class GemvRowsEmitter(GemvRowEmitter):
         self.r0 = context.cast(builder, r0, at[6], types.int64)
         self.r1 = context.cast(builder, r1, at[7], types.int64)
         self.pf = context.cast(builder, pf, at[8], types.int64)
-        self.mode = None
-        self.n = _i64(1)
         self.xtp = builder.bitcast(context.make_array(at[2])(context, builder, xta).data, I8.as_pointer())
         self.nblk = builder.extract_value(context.make_array(at[3])(context, builder, xda).shape, 1)
         self.xdp = vir.f32_ptr(context, builder, at[3], xda)

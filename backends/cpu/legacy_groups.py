@@ -121,6 +121,13 @@ def ungroup_rows(rows: np.ndarray, kind: int) -> np.ndarray:
     return out
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def whole_groups(nblk):
+    """Whether a row of nblk blocks is grouped whole: groups of 8 and at most a last group of 4,
+    no raw tail (the kernels that read only grouped words ask this)."""
+    return nblk % GROUP == 0 or nblk % GROUP == TAIL
+
+
 # ------------------------------------------------------------------ decode in registers
 
 
